@@ -1,0 +1,296 @@
+//! Admission: whether a turn fits, needs a compaction, or must be refused
+//! (DESIGN §4, steps 4–5).
+//!
+//! The server counts, classifies, locks and persists around this function;
+//! the decision itself is pure. A compaction is only ever returned together
+//! with a passing verdict of the independent verifier: the planner's output
+//! is never trusted on its own, and a plan that fails verification is a
+//! refusal (fail closed), never a partial admission.
+
+use crate::config::SessionConfig;
+use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
+use crate::planner::{PlanInput, apply, plan};
+use crate::relevance::RelevanceWeights;
+use crate::span::{Span, SpanId};
+use crate::tokens::TokenCounter;
+use crate::verify::verify;
+
+/// What an admission needs to know.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionInput<'a> {
+    /// The session's configuration.
+    pub config: &'a SessionConfig,
+    /// The live context, in prompt order.
+    pub live: &'a [Span],
+    /// The turn's spans, with ids, positions, classes, tokens and
+    /// predicates already assigned.
+    pub incoming: &'a [Span],
+    /// The first free id after the incoming spans: a summary's id.
+    pub next_span_id: SpanId,
+    /// The turn being admitted.
+    pub turn: u64,
+    /// The admission time (the core reads no clock).
+    pub now_ms: u64,
+}
+
+/// The outcome of an admission.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Live + incoming is within the budget: append the turn.
+    Fits,
+    /// A verified compaction makes room: commit it with the turn.
+    Compact(Compaction),
+    /// The turn cannot be admitted; nothing changes.
+    Refuse(Refusal),
+}
+
+/// A compaction that passed verification.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compaction {
+    /// The plan to commit.
+    pub plan: Plan,
+    /// The live context after it, before the incoming spans are appended.
+    pub post: Vec<Span>,
+    /// The verifier's verdict (passed).
+    pub verdict: Verdict,
+}
+
+/// Why a turn was refused, with everything the caller needs to act on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    /// The sizes that decided it.
+    pub sizes: Sizes,
+    /// What is wrong: a size violation, or every violation of a failed
+    /// plan.
+    pub violations: Vec<Violation>,
+    /// The plan that failed verification, when one was made.
+    pub plan: Option<Plan>,
+}
+
+/// Decides whether the incoming turn fits, needs a compaction, or must be
+/// refused.
+pub fn decide(
+    input: &AdmissionInput<'_>,
+    weights: &RelevanceWeights,
+    counter: &dyn TokenCounter,
+) -> Decision {
+    let config = input.config;
+    let total = |spans: &[Span], pinned_only: bool| -> u64 {
+        spans
+            .iter()
+            .filter(|s| !pinned_only || s.is_pinned())
+            .map(|s| u64::from(s.tokens))
+            .sum()
+    };
+    let live = total(input.live, false);
+    let incoming = total(input.incoming, false);
+    let live_pinned = total(input.live, true);
+    let incoming_pinned = total(input.incoming, true);
+    let budget = u64::from(config.budget_tokens());
+    let sizes = Sizes {
+        live,
+        incoming,
+        pinned: live_pinned + incoming_pinned,
+        budget,
+        window: u64::from(config.window_tokens),
+    };
+    if live + incoming <= budget {
+        return Decision::Fits;
+    }
+    let named = format!(
+        "live {live}, incoming {incoming}, pinned {} (live {live_pinned} + incoming {incoming_pinned}), budget {budget}, window {}",
+        sizes.pinned, sizes.window
+    );
+    if live_pinned + incoming_pinned > budget {
+        return refuse(
+            sizes,
+            ViolationKind::PinnedExceedBudget,
+            format!("pinned constraints alone exceed the budget: {named}"),
+        );
+    }
+    if incoming > budget - live_pinned {
+        return refuse(
+            sizes,
+            ViolationKind::TurnTooLarge,
+            format!(
+                "the turn is larger than budget - pinned = {}: {named}",
+                budget - live_pinned
+            ),
+        );
+    }
+
+    let query = input
+        .incoming
+        .iter()
+        .map(|s| s.text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let plan_input = PlanInput {
+        config,
+        live: input.live,
+        incoming_tokens: incoming,
+        query: &query,
+        turn: input.turn,
+        next_span_id: input.next_span_id,
+        now_ms: input.now_ms,
+        target_tokens: None,
+    };
+    let plan = plan(&plan_input, weights, counter);
+    let post = apply(input.live, &plan);
+    let verdict = verify(input.live, &plan, &post, incoming, config, counter);
+    if verdict.passed() {
+        Decision::Compact(Compaction {
+            plan,
+            post,
+            verdict,
+        })
+    } else {
+        Decision::Refuse(Refusal {
+            sizes,
+            violations: verdict.violations,
+            plan: Some(plan),
+        })
+    }
+}
+
+fn refuse(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision {
+    Decision::Refuse(Refusal {
+        sizes,
+        violations: vec![Violation {
+            kind,
+            span_id: None,
+            detail,
+            missing_terms: Vec::new(),
+        }],
+        plan: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::classify::classify;
+    use crate::predicate::derive;
+    use crate::span::{Role, SpanClass};
+    use crate::tokens::ByteLength;
+
+    fn span(id: u64, role: Role, text: &str) -> Span {
+        let classification = classify(role, text);
+        let predicate = (classification.class == SpanClass::Constraint).then(|| derive(text, None));
+        Span {
+            id,
+            position: id,
+            role,
+            classification,
+            text: text.into(),
+            tokens: ByteLength.count(text),
+            generation: 0,
+            turn: id,
+            predicate,
+            summary: None,
+            relevance_hint: None,
+            admitted_at_ms: 0,
+        }
+    }
+
+    fn decide_with(config: &SessionConfig, live: &[Span], incoming: &[Span]) -> Decision {
+        let next = incoming.iter().chain(live).map(|s| s.id).max().unwrap_or(0) + 1;
+        let input = AdmissionInput {
+            config,
+            live,
+            incoming,
+            next_span_id: next,
+            turn: next,
+            now_ms: 5,
+        };
+        decide(&input, &RelevanceWeights::default(), &ByteLength)
+    }
+
+    fn session() -> Vec<Span> {
+        let mut live = vec![span(
+            1,
+            Role::User,
+            "Never write to the `prod` namespace; stage only.",
+        )];
+        for id in 2..=20 {
+            live.push(span(
+                id,
+                Role::Tool,
+                &format!(
+                    "output {id} of kubectl diff for k8s/staging/app-{id}.yaml {}",
+                    "y".repeat(150)
+                ),
+            ));
+        }
+        live
+    }
+
+    #[test]
+    fn fits_when_within_budget() {
+        let config = SessionConfig::with_window(100_000);
+        let incoming = [span(21, Role::User, "next")];
+        assert_eq!(decide_with(&config, &session(), &incoming), Decision::Fits);
+    }
+
+    #[test]
+    fn compacts_and_keeps_the_constraint() {
+        let live = session();
+        let total: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+        let config = SessionConfig::with_window((total as f64 / 0.85) as u32);
+        let incoming = [span(
+            21,
+            Role::User,
+            &format!("Apply the staging overlays now. {}", "w".repeat(400)),
+        )];
+        let Decision::Compact(c) = decide_with(&config, &live, &incoming) else {
+            panic!("expected a compaction");
+        };
+        assert!(c.verdict.passed());
+        assert!(c.post.iter().any(|s| s.id == 1 && s.text == live[0].text));
+        let post: u64 = c.post.iter().map(|s| u64::from(s.tokens)).sum();
+        assert!(post + u64::from(incoming[0].tokens) <= u64::from(config.budget_tokens()));
+        assert_eq!(c.plan.summary.as_ref().unwrap().id, 22);
+    }
+
+    #[test]
+    fn refuses_when_pinned_exceed_the_budget() {
+        let live = session();
+        let config = SessionConfig::with_window(100);
+        let incoming = [span(
+            21,
+            Role::User,
+            &format!("Always keep {}", "q".repeat(100)),
+        )];
+        let Decision::Refuse(r) = decide_with(&config, &live, &incoming) else {
+            panic!("expected a refusal");
+        };
+        assert_eq!(r.violations[0].kind, ViolationKind::PinnedExceedBudget);
+        assert!(r.plan.is_none());
+        assert_eq!(r.sizes.budget, 85);
+        assert_eq!(r.sizes.window, 100);
+        for n in [r.sizes.live, r.sizes.incoming, r.sizes.pinned, 85, 100] {
+            assert!(
+                r.violations[0].detail.contains(&n.to_string()),
+                "{}",
+                r.violations[0].detail
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_a_turn_too_large() {
+        let live = session();
+        let config = SessionConfig::with_window(1_000);
+        let incoming = [span(21, Role::Tool, &"t".repeat(2_000))];
+        let Decision::Refuse(r) = decide_with(&config, &live, &incoming) else {
+            panic!("expected a refusal");
+        };
+        assert_eq!(r.violations.len(), 1);
+        assert_eq!(r.violations[0].kind, ViolationKind::TurnTooLarge);
+        assert_eq!(r.sizes.incoming, 2_000);
+        assert_eq!(r.sizes.pinned, u64::from(live[0].tokens));
+        assert!(r.violations[0].detail.contains("live "));
+        assert!(r.violations[0].detail.contains("window 1000"));
+    }
+}

@@ -1,0 +1,448 @@
+//! The planner: proposes a compaction (DESIGN §5.5).
+//!
+//! Only narrative and earlier summaries are evicted, never a constraint:
+//! first every span whose relevance is below the session's floor, then more
+//! by ascending relevance until the live context plus the incoming turn fits
+//! the target. Everything evicted becomes one summary span where the first
+//! evicted span stood. A plan is a proposal: the verifier decides whether it
+//! may be committed.
+//!
+//! # Target and summary room
+//!
+//! The target is the caller's, or the soft watermark, never above the
+//! budget. A summary needs room too, so eviction continues until
+//! `kept + incoming + reserve ≤ target`, where the reserve for `E` evicted
+//! tokens is `min(summary cap, E/4 + 32)`: a summary gets about a quarter
+//! of what it replaces. When the target cannot be reached even by evicting
+//! every candidate, the budget is the target instead. The summary's anchors
+//! may then use `min(summary cap, budget − kept − incoming)` — dropping an
+//! anchor is a loss, exceeding the soft target by a few anchors is not —
+//! while its sentences stop at `target − kept − incoming`.
+//!
+//! # Cost
+//!
+//! One relevance pass over the live text, one sort of the candidates, a
+//! linear scan over their prefix sums, and a summary of the evicted spans
+//! whose sentence work is bounded; kept spans are never re-tokenised.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::config::SessionConfig;
+use crate::plan::{Eviction, EvictionReason, Plan};
+use crate::relevance::{RelevanceWeights, score};
+use crate::span::{ClassSource, Classification, Role, Span, SpanClass, SpanId, SummaryInfo};
+use crate::summary::summarize_bounded;
+use crate::tokens::TokenCounter;
+
+/// Tokens reserved for a summary's header on top of its share of the
+/// evicted text.
+pub const SUMMARY_HEADER_RESERVE: u64 = 32;
+
+/// What the planner needs to know about one session at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput<'a> {
+    /// The session's configuration (budget, floor, summary limits).
+    pub config: &'a SessionConfig,
+    /// The live context, in prompt order.
+    pub live: &'a [Span],
+    /// Tokens of the turn that needs room (0 for a background compaction).
+    pub incoming_tokens: u64,
+    /// The text relevance is measured against: the incoming turn.
+    pub query: &'a str,
+    /// The current turn, for recency and for the summary span.
+    pub turn: u64,
+    /// The id the summary span takes.
+    pub next_span_id: SpanId,
+    /// The time the summary is admitted at (the core reads no clock).
+    pub now_ms: u64,
+    /// A live total to aim at instead of the soft watermark; capped at the
+    /// budget.
+    pub target_tokens: Option<u64>,
+}
+
+/// Proposes a compaction of `input.live` that leaves room for the incoming
+/// turn.
+pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn TokenCounter) -> Plan {
+    let config = input.config;
+    let live = input.live;
+    let budget = u64::from(config.budget_tokens());
+    let soft = u64::from(config.soft_watermark_tokens());
+    let target = input.target_tokens.unwrap_or(soft).min(budget);
+    let before: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+    let incoming = input.incoming_tokens;
+    let cap = u64::from(config.effective_summary_max_tokens());
+
+    let relevance = score(live, input.query, input.turn, weights);
+    let floor = config.relevance_floor;
+    // Relevance is in [0, 1], so its bits order like its value: sort plain
+    // integer keys (relevance, position) rather than compare floats.
+    let mut keys: Vec<(u64, u64, usize)> = (0..live.len())
+        .filter(|&i| !live[i].is_pinned())
+        .map(|i| (relevance[i].to_bits(), live[i].position, i))
+        .collect();
+    keys.sort_unstable();
+    let order: Vec<usize> = keys.into_iter().map(|(_, _, i)| i).collect();
+    let mandatory = order.iter().take_while(|&&i| relevance[i] < floor).count();
+
+    let reserve = |evicted: u64| {
+        if evicted == 0 {
+            0
+        } else {
+            cap.min(evicted / 4 + SUMMARY_HEADER_RESERVE)
+        }
+    };
+    // prefix[k] = tokens of the first k candidates.
+    let mut prefix = Vec::with_capacity(order.len() + 1);
+    prefix.push(0u64);
+    for &i in &order {
+        let last = prefix.last().copied().unwrap_or(0);
+        prefix.push(last + u64::from(live[i].tokens));
+    }
+    let fits = |k: usize, goal: u64| {
+        let evicted = prefix[k];
+        let kept = before - evicted;
+        kept + incoming + reserve(evicted) <= goal
+    };
+    let first_fit = |goal: u64| (mandatory..=order.len()).find(|&k| fits(k, goal));
+    let (count, goal) = match first_fit(target) {
+        Some(k) => (k, target),
+        None => match first_fit(budget) {
+            Some(k) => (k, budget),
+            None => (order.len(), budget),
+        },
+    };
+
+    let mut chosen: Vec<usize> = order[..count].to_vec();
+    chosen.sort_unstable_by_key(|&i| live[i].position);
+    let evicted_tokens = prefix[count];
+    let kept = before - evicted_tokens;
+    let evictions: Vec<Eviction> = chosen
+        .iter()
+        .map(|&i| Eviction {
+            span_id: live[i].id,
+            relevance: relevance[i],
+            reason: if relevance[i] < floor {
+                EvictionReason::BelowFloor
+            } else {
+                EvictionReason::Budget
+            },
+            tokens: live[i].tokens,
+        })
+        .collect();
+
+    let mut summary = None;
+    let mut anchors_carried = 0;
+    let mut anchors_dropped = 0;
+    if !chosen.is_empty() {
+        // Anchors may use all the room under the budget; prose only what
+        // keeps the session at its goal.
+        let room = budget.saturating_sub(kept + incoming).min(cap);
+        let prose = goal.saturating_sub(kept + incoming).min(room);
+        let evicted: Vec<&Span> = chosen.iter().map(|&i| &live[i]).collect();
+        let draft = summarize_bounded(
+            &evicted,
+            u32::try_from(room).unwrap_or(u32::MAX),
+            u32::try_from(prose).unwrap_or(u32::MAX),
+            config.max_summary_generations,
+            counter,
+        );
+        anchors_dropped = draft.anchors_dropped;
+        if !draft.text.is_empty() {
+            anchors_carried = u32::try_from(draft.anchors.len()).unwrap_or(u32::MAX);
+            let earlier_drops = evicted
+                .iter()
+                .filter_map(|s| s.summary.as_ref())
+                .fold(0u32, |n, info| n.saturating_add(info.anchors_dropped));
+            summary = Some(Span {
+                id: input.next_span_id,
+                position: evicted[0].position,
+                role: Role::System,
+                classification: Classification {
+                    class: SpanClass::Summary,
+                    source: ClassSource::Broker,
+                    rule: String::new(),
+                },
+                text: draft.text,
+                tokens: draft.tokens,
+                generation: draft.generation,
+                turn: input.turn,
+                predicate: None,
+                summary: Some(SummaryInfo {
+                    covers: draft.covers,
+                    anchors: draft.anchors,
+                    anchors_dropped: draft.anchors_dropped.saturating_add(earlier_drops),
+                }),
+                relevance_hint: None,
+                admitted_at_ms: input.now_ms,
+            });
+        }
+    }
+    let summary_tokens = summary.as_ref().map_or(0, |s| u64::from(s.tokens));
+    Plan {
+        evicted: evictions,
+        summary,
+        compressed: Vec::new(),
+        tokens_before: before,
+        tokens_after: kept + summary_tokens,
+        incoming_tokens: incoming,
+        target_tokens: goal,
+        anchors_carried,
+        anchors_dropped,
+    }
+}
+
+/// The live context after `plan`: evicted spans removed, compressed forms
+/// substituted, the summary inserted at its position, in prompt order.
+pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
+    let evicted: HashSet<SpanId> = plan.evicted.iter().map(|e| e.span_id).collect();
+    let compressed: HashMap<SpanId, _> = plan.compressed.iter().map(|c| (c.span_id, c)).collect();
+    let mut post: Vec<Span> = pre
+        .iter()
+        .filter(|s| !evicted.contains(&s.id))
+        .map(|s| match compressed.get(&s.id) {
+            Some(form) => Span {
+                text: form.text.clone(),
+                tokens: form.tokens,
+                ..s.clone()
+            },
+            None => s.clone(),
+        })
+        .collect();
+    if let Some(summary) = &plan.summary {
+        post.push(summary.clone());
+    }
+    post.sort_by_key(|s| s.position);
+    post
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::classify::classify;
+    use crate::plan::CompressedForm;
+    use crate::predicate::derive;
+    use crate::tokens::ByteLength;
+
+    fn span(id: u64, turn: u64, role: Role, text: &str) -> Span {
+        let classification = classify(role, text);
+        let predicate = (classification.class == SpanClass::Constraint).then(|| derive(text, None));
+        Span {
+            id,
+            position: id,
+            role,
+            classification,
+            text: text.into(),
+            tokens: ByteLength.count(text),
+            generation: 0,
+            turn,
+            predicate,
+            summary: None,
+            relevance_hint: None,
+            admitted_at_ms: 0,
+        }
+    }
+
+    fn filler(id: u64, turn: u64, n: usize) -> Span {
+        let text = format!(
+            "Build log line {id} for src/module_{id}.rs: compiled ok. {}",
+            "x".repeat(n)
+        );
+        span(id, turn, Role::Tool, &text)
+    }
+
+    /// The compaction cliff: the old, short, off-topic constraint is the
+    /// least relevant span of its session, and the planner keeps it anyway.
+    #[test]
+    fn the_cliff_constraint_scores_lowest_and_is_kept() {
+        let mut live = vec![span(
+            1,
+            1,
+            Role::User,
+            "Never write to the `prod` namespace; stage only.",
+        )];
+        for id in 2..40 {
+            let text = format!(
+                "Refactor step {id}: kustomize overlays for the staging deploy.yaml, patch {id} applied and verified."
+            );
+            live.push(span(id, id, Role::Assistant, &text));
+        }
+        let query = "Apply the kustomize overlays to deploy.yaml for staging now.";
+        let rel = score(&live, query, 40, &RelevanceWeights::default());
+        let lowest = (0..live.len())
+            .min_by(|&a, &b| rel[a].total_cmp(&rel[b]))
+            .unwrap();
+        assert_eq!(lowest, 0, "{rel:?}");
+        assert!(live[0].is_pinned());
+
+        let total: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+        let mut config = SessionConfig::with_window(1_000);
+        config.window_tokens = (total as f64 / 0.85) as u32;
+        config.relevance_floor = 0.0;
+        let input = PlanInput {
+            config: &config,
+            live: &live,
+            incoming_tokens: 200,
+            query,
+            turn: 40,
+            next_span_id: 100,
+            now_ms: 7,
+            target_tokens: None,
+        };
+        let plan = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        assert!(!plan.evicted.is_empty());
+        assert!(plan.evicted.iter().all(|e| e.span_id != 1));
+        let post = apply(&live, &plan);
+        assert_eq!(post[0].id, 1);
+        assert_eq!(post[0].text, live[0].text);
+        assert!(plan.tokens_after + plan.incoming_tokens <= u64::from(config.budget_tokens()));
+    }
+
+    #[test]
+    fn evicts_by_ascending_relevance_into_one_summary() {
+        let live: Vec<Span> = (1..=20).map(|id| filler(id, id, 200)).collect();
+        let config = SessionConfig::with_window(6_000);
+        let before: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+        let input = PlanInput {
+            config: &config,
+            live: &live,
+            incoming_tokens: 500,
+            query: "",
+            turn: 21,
+            next_span_id: 21,
+            now_ms: 99,
+            target_tokens: None,
+        };
+        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        assert_eq!(p.tokens_before, before);
+        assert_eq!(p.incoming_tokens, 500);
+        assert_eq!(p.target_tokens, u64::from(config.soft_watermark_tokens()));
+        assert!(p.tokens_after + 500 <= p.target_tokens, "{p:?}");
+        // Oldest first (recency decides with no query), in prompt order.
+        let ids: Vec<u64> = p.evicted.iter().map(|e| e.span_id).collect();
+        let expected: Vec<u64> = (1..=ids.len() as u64).collect();
+        assert_eq!(ids, expected);
+        assert!(p.evicted.iter().all(|e| e.reason == EvictionReason::Budget));
+        let s = p.summary.as_ref().unwrap();
+        assert_eq!(
+            (s.id, s.position, s.turn, s.admitted_at_ms),
+            (21, 1, 21, 99)
+        );
+        assert_eq!(s.class(), SpanClass::Summary);
+        assert_eq!(s.classification.source, ClassSource::Broker);
+        assert_eq!(s.role, Role::System);
+        assert_eq!(s.generation, 1);
+        assert_eq!(s.tokens, ByteLength.count(&s.text));
+        let info = s.summary.as_ref().unwrap();
+        assert_eq!(info.covers, ids);
+        assert_eq!(p.anchors_carried as usize, info.anchors.len());
+        assert!(s.tokens <= config.effective_summary_max_tokens());
+        let post = apply(&live, &p);
+        assert_eq!(post[0].id, 21);
+        assert_eq!(post.len(), live.len() - ids.len() + 1);
+        let after: u64 = post.iter().map(|s| u64::from(s.tokens)).sum();
+        assert_eq!(after, p.tokens_after);
+    }
+
+    #[test]
+    fn below_floor_goes_even_when_not_needed() {
+        let mut live: Vec<Span> = (1..=5).map(|id| filler(id, 100, 10)).collect();
+        live[2].relevance_hint = Some(0.0);
+        let mut config = SessionConfig::with_window(100_000);
+        config.relevance_floor = 0.45;
+        let weights = RelevanceWeights {
+            hint: 1.0,
+            ..RelevanceWeights::default()
+        };
+        let input = PlanInput {
+            config: &config,
+            live: &live,
+            incoming_tokens: 0,
+            query: "",
+            turn: 100,
+            next_span_id: 6,
+            now_ms: 0,
+            target_tokens: None,
+        };
+        let p = plan(&input, &weights, &ByteLength);
+        assert_eq!(p.evicted.len(), 1);
+        assert_eq!(p.evicted[0].span_id, 3);
+        assert_eq!(p.evicted[0].reason, EvictionReason::BelowFloor);
+        assert_eq!(p.evicted[0].relevance, 0.0);
+    }
+
+    #[test]
+    fn nothing_to_do_is_an_empty_plan() {
+        let live: Vec<Span> = (1..=3).map(|id| filler(id, id, 10)).collect();
+        let config = SessionConfig::with_window(100_000);
+        let input = PlanInput {
+            config: &config,
+            live: &live,
+            incoming_tokens: 10,
+            query: "x",
+            turn: 4,
+            next_span_id: 4,
+            now_ms: 0,
+            target_tokens: None,
+        };
+        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        assert!(p.evicted.is_empty() && p.summary.is_none());
+        assert_eq!(p.tokens_after, p.tokens_before);
+        assert_eq!(apply(&live, &p), live);
+    }
+
+    #[test]
+    fn unreachable_soft_target_falls_back_to_the_budget() {
+        let c = span(
+            1,
+            1,
+            Role::User,
+            &format!("Never touch prod. {}", "a ".repeat(2000)),
+        );
+        let mut live = vec![c];
+        live.extend((2..=6).map(|id| filler(id, id, 100)));
+        let config = SessionConfig::with_window(6_000);
+        let input = PlanInput {
+            config: &config,
+            live: &live,
+            incoming_tokens: 600,
+            query: "",
+            turn: 7,
+            next_span_id: 7,
+            now_ms: 0,
+            target_tokens: Some(100),
+        };
+        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        assert_eq!(p.target_tokens, u64::from(config.budget_tokens()));
+        assert!(p.tokens_after + 600 <= u64::from(config.budget_tokens()));
+    }
+
+    #[test]
+    fn apply_substitutes_compressed_forms() {
+        let live = vec![span(
+            1,
+            1,
+            Role::User,
+            "Never, ever write to the prod namespace.",
+        )];
+        let p = Plan {
+            evicted: vec![],
+            summary: None,
+            compressed: vec![CompressedForm {
+                span_id: 1,
+                text: "Never write prod namespace.".into(),
+                tokens: 27,
+            }],
+            tokens_before: 40,
+            tokens_after: 27,
+            incoming_tokens: 0,
+            target_tokens: 0,
+            anchors_carried: 0,
+            anchors_dropped: 0,
+        };
+        let post = apply(&live, &p);
+        assert_eq!(post[0].text, "Never write prod namespace.");
+        assert_eq!(post[0].tokens, 27);
+        assert_eq!(post[0].predicate, live[0].predicate);
+    }
+}

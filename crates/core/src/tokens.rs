@@ -1,0 +1,143 @@
+//! Token counting.
+//!
+//! Budgets are only as good as the counts behind them: a count that is low
+//! by a few percent lets a prompt overflow the model's window. The two
+//! OpenAI encodings are therefore counted exactly (the vocabularies are
+//! compiled into the binary, so nothing is downloaded at run time), and
+//! CLIENT sessions, whose tokenizer the broker does not know, count the
+//! text the broker writes itself by its UTF-8 length, which no byte-level
+//! BPE can exceed.
+
+use crate::config::TokenizerKind;
+
+/// Counts the tokens of a text in one session's tokenizer.
+///
+/// The planner, the summariser and the verifier take a counter as an
+/// argument rather than a tokenizer kind so that tests can substitute a
+/// counter with known arithmetic, and so that the core never decides on its
+/// own which vocabulary a session uses.
+pub trait TokenCounter: Send + Sync + std::fmt::Debug {
+    /// The number of tokens of `text`, saturating at `u32::MAX`.
+    fn count(&self, text: &str) -> u32;
+}
+
+/// Exact counts for one of the embedded OpenAI encodings.
+///
+/// Counting is linear in the input, also on adversarial text (long runs
+/// without spaces), which matters because span texts come from tools the
+/// broker does not control.
+pub struct BpeCounter {
+    kind: TokenizerKind,
+    tokenizer: fn() -> &'static bpe_openai::Tokenizer,
+}
+
+impl std::fmt::Debug for BpeCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BpeCounter")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BpeCounter {
+    /// The encoding this counter implements.
+    pub fn kind(&self) -> TokenizerKind {
+        self.kind
+    }
+}
+
+impl TokenCounter for BpeCounter {
+    fn count(&self, text: &str) -> u32 {
+        if text.is_empty() {
+            return 0;
+        }
+        saturate((self.tokenizer)().count(text))
+    }
+}
+
+/// Counts UTF-8 bytes: an upper bound on the tokens of any byte-level BPE.
+///
+/// Used for text the broker writes in CLIENT sessions, where the real
+/// tokenizer is unknown: overestimating costs budget, underestimating could
+/// overflow the window.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteLength;
+
+impl TokenCounter for ByteLength {
+    fn count(&self, text: &str) -> u32 {
+        saturate(text.len())
+    }
+}
+
+fn saturate(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+static O200K_BASE: BpeCounter = BpeCounter {
+    kind: TokenizerKind::O200kBase,
+    tokenizer: bpe_openai::o200k_base,
+};
+
+static CL100K_BASE: BpeCounter = BpeCounter {
+    kind: TokenizerKind::Cl100kBase,
+    tokenizer: bpe_openai::cl100k_base,
+};
+
+static BYTE_LENGTH: ByteLength = ByteLength;
+
+/// The counter for a session's tokenizer.
+///
+/// The OpenAI tables are built lazily on first use (that takes a noticeable
+/// moment); call [`warm_up`] at start-up so the first admission does not pay
+/// for it.
+pub fn counter(kind: TokenizerKind) -> &'static dyn TokenCounter {
+    match kind {
+        TokenizerKind::O200kBase => &O200K_BASE,
+        TokenizerKind::Cl100kBase => &CL100K_BASE,
+        TokenizerKind::Client => &BYTE_LENGTH,
+    }
+}
+
+/// Builds the tables of `kind` now rather than on the first count.
+pub fn warm_up(kind: TokenizerKind) {
+    // Counting a short text forces the lazy construction of the
+    // vocabulary and of the pre-tokenisation automaton.
+    let _ = counter(kind).count("warm up");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_length_counts_utf8_bytes() {
+        let c = counter(TokenizerKind::Client);
+        for (text, n) in [("", 0), ("abc", 3), ("é", 2), ("日本", 6), ("🦀", 4)] {
+            assert_eq!(c.count(text), n, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn bpe_counts_are_plausible() {
+        for kind in [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase] {
+            let c = counter(kind);
+            assert_eq!(c.count(""), 0);
+            assert_eq!(c.count("hello"), 1);
+            let n = c.count("Never write to the `prod` namespace; stage only.");
+            assert!((8..=16).contains(&n), "{kind:?}: {n}");
+        }
+    }
+
+    #[test]
+    fn counters_know_their_kind() {
+        assert_eq!(O200K_BASE.kind(), TokenizerKind::O200kBase);
+        assert_eq!(CL100K_BASE.kind(), TokenizerKind::Cl100kBase);
+        assert!(format!("{:?}", counter(TokenizerKind::O200kBase)).contains("O200kBase"));
+    }
+
+    #[test]
+    fn saturates() {
+        assert_eq!(saturate(usize::MAX), u32::MAX);
+        assert_eq!(saturate(7), 7);
+    }
+}

@@ -1,0 +1,105 @@
+//! The embedded tokenizers count exactly what OpenAI's reference
+//! implementation encodes (without special tokens), for both encodings.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::LazyLock;
+
+use ctxbroker_core::config::TokenizerKind;
+use ctxbroker_core::tokens::counter;
+use proptest::prelude::*;
+use tiktoken_rs::CoreBPE;
+
+/// The reference tokenizers, built once per test process: building one is
+/// slow in a debug build.
+static REFERENCE: LazyLock<[(TokenizerKind, &'static CoreBPE); 2]> = LazyLock::new(|| {
+    [
+        (
+            TokenizerKind::O200kBase,
+            tiktoken_rs::o200k_base_singleton(),
+        ),
+        (
+            TokenizerKind::Cl100kBase,
+            tiktoken_rs::cl100k_base_singleton(),
+        ),
+    ]
+});
+
+fn assert_same(text: &str) {
+    for (kind, reference) in REFERENCE.iter() {
+        let want = reference.encode_ordinary(text).len();
+        let got = counter(*kind).count(text);
+        assert_eq!(got as usize, want, "{kind:?} on {text:?}");
+    }
+}
+
+#[test]
+fn a_varied_corpus_counts_identically() {
+    let long_word = "a".repeat(5_000);
+    let long_digits = "1234567890".repeat(300);
+    let long_symbols = "=+-*/".repeat(400);
+    let long_base64 = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo0123456789+/".repeat(50);
+    let whitespace = format!(
+        "a{}b{}c{}",
+        " ".repeat(37),
+        "\t \n ".repeat(20),
+        "\n".repeat(9)
+    );
+    let corpus: Vec<&str> = vec![
+        "",
+        " ",
+        "\n",
+        "hello",
+        "Hello, world! How are you doing today?",
+        "Never write to the `prod` namespace; stage only.",
+        "Refactor k8s/staging/deploy.yaml to use kustomize overlays for the staging namespace.",
+        "fn main() {\n    let x: Vec<u32> = (0..10).map(|i| i * 2).collect();\n    println!(\"{x:?}\");\n}\n",
+        "def f(a, b):\n\treturn {'k': [a, b], \"n\": None}  # comment\n",
+        r#"{"id": 12345, "name": "ctxbroker", "tags": ["a", "b"], "nested": {"x": 1.5e-3, "ok": true}}"#,
+        "SELECT id, name FROM users WHERE created_at > '2024-01-01' ORDER BY id DESC LIMIT 50;",
+        "error[E0425]: cannot find value `foo` in this scope\n --> src/main.rs:2:5",
+        "thread 'main' panicked at src/lib.rs:10:5:\ncalled `Option::unwrap()` on a `None` value",
+        "日本語のテキストと中文文本，还有한국어 텍스트。",
+        "emoji: 🦀🔥👍🏽👨‍👩‍👧‍👦 🇩🇪 ✅",
+        "combining: e\u{301} a\u{308} n\u{303} \u{1e9b}\u{323} Z\u{335}\u{321}a\u{337}l\u{338}g\u{334}o",
+        "Ελληνικά, русский текст, עברית, العربية, हिन्दी",
+        "I'm, you're, they'll, we'd, it's, DON'T, SHE'S, y'all've",
+        "  leading and trailing spaces   ",
+        "\r\n\r\nwindows\r\nline endings\r\n",
+        "tabs\t\tand\u{a0}nbsp\u{2003}em space\u{200b}zero width",
+        "numbers 1 12 123 1234 12345 123456 3.14159 -42 1e10 0xDEADBEEF 1,000,000",
+        "512 MiB, 30s, 8080/tcp, 99.9%, $HOME, --force, RUST_LOG=debug",
+        "https://example.com/path?query=1&b=2#frag",
+        "a\u{0}b\u{1}c\u{7f}d",
+        "\u{feff}BOM and \u{fffd} replacement",
+        "'''\"\"\"```~~~!!!???...,,,;;;:::",
+        &long_word,
+        &long_digits,
+        &long_symbols,
+        &long_base64,
+        &whitespace,
+    ];
+    for text in corpus {
+        assert_same(text);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_strings_count_identically(text in any::<String>()) {
+        assert_same(&text);
+    }
+
+    #[test]
+    fn random_bytes_as_strings_count_identically(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        assert_same(&String::from_utf8_lossy(&bytes));
+    }
+
+    #[test]
+    fn mixed_classes_count_identically(
+        text in "([a-zA-Z]{1,12}|[0-9]{1,8}|[ \t\n]{1,6}|[.,;:!?'\"(){}\\[\\]<>/\\\\_=+-]{1,4}|[日本語中文한국어]{1,5}|[🦀🔥👍]{1,3}|e\u{301}|'s|'ll){0,60}"
+    ) {
+        assert_same(&text);
+    }
+}
