@@ -1,0 +1,277 @@
+//! The store's public data: what it keeps per session and the writes it
+//! accepts.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ctxbroker_core::span::Predicate;
+use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
+
+/// A session as stored: its configuration and the counters the server
+/// keeps up to date, so that reading a session never needs a scan of its
+/// spans.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    /// The caller-chosen id, 1 to 128 bytes.
+    pub id: String,
+    /// The effective configuration.
+    pub config: SessionConfig,
+    /// When the session was created, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// When its content or configuration last changed.
+    pub updated_at_ms: u64,
+    /// Bumped by the caller on every content or configuration change;
+    /// writes carry the revision they were planned against, and a stale
+    /// one is refused.
+    pub revision: u64,
+    /// The first span id not yet given out; new spans take ids from here.
+    pub next_span_id: u64,
+    /// Turns admitted so far.
+    pub turns: u64,
+    /// The `session_seq` of the session's latest marker.
+    pub marker_count: u64,
+    /// Committed compactions.
+    pub compactions: u64,
+    /// Spans moved to the archive so far.
+    pub archived_spans: u64,
+    /// Tokens in the live context.
+    pub live_tokens: u64,
+    /// Tokens held by live pinned constraints.
+    pub pinned_tokens: u64,
+    /// Spans in the live context.
+    pub live_spans: u64,
+    /// Live pinned constraints.
+    pub pinned_spans: u64,
+    /// Whether automatic compaction is suspended until a caller approves
+    /// one (an unclassified span arrived under `CALLER_ONLY`).
+    pub approval_required: bool,
+    /// The turn of the latest committed compaction; with `turns` it tells
+    /// whether anything was admitted since (no compaction on an idle
+    /// session).
+    pub last_compaction_turn: u64,
+    /// When the latest admission happened; the staleness guard reads it.
+    pub last_admit_ms: u64,
+}
+
+/// Where a span is now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanState {
+    /// In the live context.
+    Live,
+    /// Evicted by a compaction and kept in the archive.
+    Archived {
+        /// The seq of the marker whose compaction evicted it.
+        by_seq: u64,
+    },
+}
+
+/// A span with where it is, as [`Store::span`](crate::Store::span)
+/// returns it: callers asking for a span by id need to know whether it is
+/// still in the prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSpan {
+    /// The span.
+    pub span: Span,
+    /// Live or archived.
+    pub state: SpanState,
+}
+
+/// One entry of a session's pin set: a live constraint and what it
+/// demands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pin {
+    /// The constraint span.
+    pub span_id: SpanId,
+    /// Its predicate, when it has one.
+    pub predicate: Option<Predicate>,
+}
+
+/// A write handed to the writer. Each one is applied whole or not at all,
+/// and is checked against the stored state (existence, revision) when the
+/// writer takes it, so that a write planned on a stale view is refused
+/// instead of overwriting a newer one.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // moved once into the queue; a box per write buys nothing.
+pub enum WriteOp {
+    /// Create a session; refused with `SessionExists` if the id is taken.
+    CreateSession {
+        /// The new session.
+        record: SessionRecord,
+    },
+    /// Replace a session's record (a configuration change).
+    UpdateSession {
+        /// The revision the change was planned against.
+        expected_revision: u64,
+        /// The record after the change.
+        record: SessionRecord,
+    },
+    /// Remove a session's record, live spans, pins and archive. Its markers
+    /// stay: the log is global and watchers may still need them.
+    DeleteSession {
+        /// The session.
+        id: String,
+    },
+    /// Admit a turn, with the compaction it needed, as one atomic write.
+    Admit(AdmitWrite),
+    /// Rewrite live spans in place (same id, same position) without a
+    /// compaction: marking a span as a constraint, changing its predicate.
+    /// The pin set follows each span's class.
+    Rewrite {
+        /// The revision the change was planned against.
+        expected_revision: u64,
+        /// The record after the change.
+        record: SessionRecord,
+        /// The spans as they are to be stored.
+        spans: Vec<Span>,
+    },
+    /// Record an `ABORTED` marker: the compaction failed verification and
+    /// nothing else changes except the record's marker counter.
+    Abort {
+        /// The session.
+        session_id: String,
+        /// The marker; its `seq` is assigned by the writer.
+        marker: Marker,
+        /// The record after the marker; its revision must equal the
+        /// stored one.
+        record: SessionRecord,
+    },
+}
+
+/// An admission: new spans, an optional compaction, and the record after
+/// both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmitWrite {
+    /// The revision the admission was planned against.
+    pub expected_revision: u64,
+    /// The record after the write (the caller computed counters and the
+    /// new revision).
+    pub record: SessionRecord,
+    /// New spans, stored at their `position`; ids must be new (at least
+    /// the stored `next_span_id`, below the record's).
+    pub append: Vec<Span>,
+    /// The compaction the admission needed, applied before `append`.
+    pub compaction: Option<CompactionWrite>,
+}
+
+/// A compaction's effect on the stored context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionWrite {
+    /// Live spans to move to the archive, marked as archived by this
+    /// compaction's marker.
+    pub evict: Vec<SpanId>,
+    /// The summary span to insert at its position.
+    pub summary: Option<Span>,
+    /// Live spans to rewrite in place (compressed constraints: same id,
+    /// same position).
+    pub replace: Vec<Span>,
+    /// The marker; its `seq` is assigned by the writer.
+    pub marker: Marker,
+}
+
+/// What the writer reports for an applied write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteAck {
+    /// The global seq given to the write's marker, if it wrote one.
+    pub marker_seq: Option<u64>,
+    /// For `DeleteSession`: the spans removed, live and archived.
+    pub spans_deleted: u64,
+}
+
+/// The range of marker seqs a reader can get: everything in
+/// `oldest..next` is retained and committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarkerBounds {
+    /// The oldest retained seq (equal to `next` when the log is empty).
+    pub oldest: u64,
+    /// The seq the next marker will get; seqs start at 1.
+    pub next: u64,
+}
+
+/// Counters of the writer's work, to see how well flushes are shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Writes the writer took, applied or refused.
+    pub writes: u64,
+    /// Writes refused (stale revision, missing session, ...).
+    pub rejected: u64,
+    /// Batches: each time the writer drained the queue.
+    pub batches: u64,
+    /// Transactions applied (batches with at least one accepted write).
+    pub transactions: u64,
+    /// Flushes to disk. One flush covers every batch applied before it
+    /// started, so there can be fewer flushes than batches.
+    pub flushes: u64,
+    /// The most writes in one batch.
+    pub largest_batch: u64,
+    /// Times the commit hook panicked (the store carries on).
+    pub hook_panics: u64,
+    /// Writes waiting in the queue right now.
+    pub queued: u64,
+}
+
+/// Whether an acknowledgement waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every batch is flushed before its writes are acknowledged, so an
+    /// acknowledged write survives `kill -9`; writes queued together share
+    /// one flush.
+    #[default]
+    Flush,
+    /// Batches are acknowledged as soon as they are applied; the engine
+    /// flushes every 500 ms, so a crash may lose the latest acknowledged
+    /// writes, and markers already handed to the hook.
+    Relaxed,
+}
+
+/// The function the writer calls with each batch's markers, after they are
+/// durable and before anyone is acknowledged or can read them from the log;
+/// the server feeds its live watchers from it.
+pub type CommitHook = Arc<dyn Fn(&[Marker]) + Send + Sync>;
+
+/// How a store runs.
+#[derive(Clone)]
+pub struct StoreOptions {
+    /// Whether acknowledgements wait for a flush.
+    pub durability: Durability,
+    /// Keep at most this many markers; the oldest are removed in the same
+    /// transaction that writes new ones. 0 keeps every marker.
+    pub marker_retention: u64,
+    /// The most writes in one batch (at least 1): bounds the latency a
+    /// batch adds and the size of one transaction.
+    pub max_batch: usize,
+    /// Called after each flush, before the acknowledgements, with the
+    /// markers that became durable, in seq order, each exactly once. It
+    /// must not block (every acknowledgement waits for it) and should not
+    /// hold a `Store` handle: a store kept alive by its own hook is only
+    /// shut down by an explicit [`Store::close`](crate::Store::close).
+    pub on_commit: Option<CommitHook>,
+    /// The engine's page cache, in bytes.
+    pub cache_capacity_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            durability: Durability::Flush,
+            marker_retention: 1_000_000,
+            max_batch: 1024,
+            on_commit: None,
+            cache_capacity_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreOptions")
+            .field("durability", &self.durability)
+            .field("marker_retention", &self.marker_retention)
+            .field("max_batch", &self.max_batch)
+            .field(
+                "on_commit",
+                &self.on_commit.as_ref().map(|_| "Fn(&[Marker])"),
+            )
+            .field("cache_capacity_bytes", &self.cache_capacity_bytes)
+            .finish()
+    }
+}

@@ -1,0 +1,1238 @@
+//! Stored records: protobuf messages inside a checksummed, versioned frame.
+//!
+//! A stored value is `[format version: u8][crc32: u32 LE][protobuf payload]`.
+//! The checksum covers the key, the version byte and the payload, so a
+//! flipped bit anywhere, or a record written under the wrong key, is
+//! caught before anything is decoded. Enumerations are stored as explicit
+//! codes starting at 1, so that a missing field (decoded as 0) is an error
+//! instead of a silent default.
+//!
+//! These message types are the store's own: they are not the wire
+//! contract, and they change only together with [`FORMAT_VERSION`].
+
+use ctxbroker_core::config::{
+    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, TokenizerKind, TriggerPolicy,
+};
+use ctxbroker_core::marker::{CompactionTrigger, Outcome};
+use ctxbroker_core::plan::{Violation, ViolationKind};
+use ctxbroker_core::span::{
+    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass, SummaryInfo,
+};
+use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
+use prost::Message;
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::model::{Pin, SessionRecord};
+
+/// The record format this build writes and reads.
+pub(crate) const FORMAT_VERSION: u8 = 1;
+
+const HEADER: usize = 5;
+
+fn checksum(key: &[u8], version: u8, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&(key.len() as u64).to_le_bytes());
+    hasher.update(key);
+    hasher.update(&[version]);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// Frames a message for storage under `key`.
+pub(crate) fn seal<M: Message>(key: &[u8], message: &M) -> Vec<u8> {
+    let payload = message.encode_to_vec();
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&checksum(key, FORMAT_VERSION, &payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Checks a frame read from `key` and decodes its message; the error is the
+/// detail of a `Corrupt`.
+pub(crate) fn open<M: Message + Default>(key: &[u8], value: &[u8]) -> Result<M, String> {
+    if value.len() < HEADER {
+        return Err(format!(
+            "record of {} bytes is shorter than its header",
+            value.len()
+        ));
+    }
+    let version = value[0];
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&value[1..HEADER]);
+    let stored = u32::from_le_bytes(crc);
+    let payload = &value[HEADER..];
+    let actual = checksum(key, version, payload);
+    if stored != actual {
+        return Err(format!(
+            "checksum mismatch: stored {stored:08x}, computed {actual:08x}"
+        ));
+    }
+    if version != FORMAT_VERSION {
+        return Err(format!(
+            "record format version {version}; this build reads version {FORMAT_VERSION}"
+        ));
+    }
+    M::decode(payload).map_err(|e| format!("does not decode: {e}"))
+}
+
+/// The `Corrupt` error for a record of `tree` at `key`.
+pub(crate) fn corrupt(tree: TreeId, key: &[u8], detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        tree: tree.name().to_owned(),
+        key: keys::render(tree, key),
+        session: keys::session_of(tree, key),
+        detail: detail.into(),
+    }
+}
+
+/// Opens a frame and converts its message, turning any failure into
+/// `Corrupt` for that record.
+fn read<M, T>(
+    tree: TreeId,
+    key: &[u8],
+    value: &[u8],
+    convert: impl FnOnce(M) -> Result<T, String>,
+) -> Result<T, StoreError>
+where
+    M: Message + Default,
+{
+    open::<M>(key, value)
+        .and_then(convert)
+        .map_err(|detail| corrupt(tree, key, detail))
+}
+
+// ---------------------------------------------------------------------------
+// Enumeration codes.
+
+macro_rules! codes {
+    ($ty:ty, $to:ident, $from:ident, $what:literal, { $($variant:ident = $code:literal),+ $(,)? }) => {
+        fn $to(value: $ty) -> u32 {
+            match value {
+                $(<$ty>::$variant => $code,)+
+            }
+        }
+
+        fn $from(code: u32) -> Result<$ty, String> {
+            match code {
+                $($code => Ok(<$ty>::$variant),)+
+                other => Err(format!(concat!("unknown ", $what, " code {}"), other)),
+            }
+        }
+    };
+}
+
+codes!(Role, role_code, role_from, "role", {
+    User = 1, Assistant = 2, Tool = 3, System = 4,
+});
+codes!(SpanClass, class_code, class_from, "span class", {
+    Narrative = 1, Constraint = 2, Summary = 3,
+});
+codes!(ClassSource, class_source_code, class_source_from, "class source", {
+    Caller = 1, Rules = 2, Broker = 3,
+});
+codes!(Modality, modality_code, modality_from, "modality", {
+    Prohibition = 1, Requirement = 2, Restriction = 3, Correction = 4,
+});
+codes!(PredicateSource, predicate_source_code, predicate_source_from, "predicate source", {
+    Derived = 1, Caller = 2,
+});
+codes!(TriggerPolicy, trigger_policy_code, trigger_policy_from, "trigger policy", {
+    TokenBudget = 1, Hybrid = 2, TimeBased = 3,
+});
+codes!(TokenizerKind, tokenizer_code, tokenizer_from, "tokenizer", {
+    O200kBase = 1, Cl100kBase = 2, Client = 3,
+});
+codes!(ClassifierMode, classifier_code, classifier_from, "classifier mode", {
+    Rules = 1, CallerOnly = 2,
+});
+codes!(AnchorPolicy, anchor_policy_code, anchor_policy_from, "anchor policy", {
+    Require = 1, Warn = 2,
+});
+codes!(SessionMode, mode_code, mode_from, "session mode", {
+    Auto = 1, Approval = 2,
+});
+codes!(CompactionTrigger, trigger_code, trigger_from, "compaction trigger", {
+    HardBudget = 1, SoftWatermark = 2, Staleness = 3, Manual = 4, Unpin = 5,
+});
+codes!(Outcome, outcome_code, outcome_from, "outcome", {
+    Committed = 1, Aborted = 2,
+});
+codes!(ViolationKind, violation_code, violation_kind_from, "violation kind", {
+    PinnedMissing = 1,
+    PredicateUnsatisfied = 2,
+    OverBudget = 3,
+    PinnedExceedBudget = 4,
+    TurnTooLarge = 5,
+    GenerationExceeded = 6,
+    AnchorMissing = 7,
+    PlanInconsistent = 8,
+});
+
+fn required<T>(value: Option<T>, what: &str) -> Result<T, String> {
+    value.ok_or_else(|| format!("missing {what}"))
+}
+
+// ---------------------------------------------------------------------------
+// Messages.
+
+/// A session record.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SessionRow {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(message, optional, tag = "2")]
+    config: Option<ConfigRow>,
+    #[prost(uint64, tag = "3")]
+    created_at_ms: u64,
+    #[prost(uint64, tag = "4")]
+    updated_at_ms: u64,
+    #[prost(uint64, tag = "5")]
+    revision: u64,
+    #[prost(uint64, tag = "6")]
+    next_span_id: u64,
+    #[prost(uint64, tag = "7")]
+    turns: u64,
+    #[prost(uint64, tag = "8")]
+    marker_count: u64,
+    #[prost(uint64, tag = "9")]
+    compactions: u64,
+    #[prost(uint64, tag = "10")]
+    archived_spans: u64,
+    #[prost(uint64, tag = "11")]
+    live_tokens: u64,
+    #[prost(uint64, tag = "12")]
+    pinned_tokens: u64,
+    #[prost(uint64, tag = "13")]
+    live_spans: u64,
+    #[prost(uint64, tag = "14")]
+    pinned_spans: u64,
+    #[prost(bool, tag = "15")]
+    approval_required: bool,
+    #[prost(uint64, tag = "16")]
+    last_compaction_turn: u64,
+    #[prost(uint64, tag = "17")]
+    last_admit_ms: u64,
+}
+
+/// A session configuration.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ConfigRow {
+    #[prost(uint32, tag = "1")]
+    window_tokens: u32,
+    #[prost(double, tag = "2")]
+    alpha: f64,
+    #[prost(double, tag = "3")]
+    soft_watermark: f64,
+    #[prost(uint32, tag = "4")]
+    reserved_overhead_tokens: u32,
+    #[prost(double, tag = "5")]
+    relevance_floor: f64,
+    #[prost(uint32, tag = "6")]
+    trigger: u32,
+    #[prost(uint64, tag = "7")]
+    staleness_interval_ms: u64,
+    #[prost(uint32, tag = "8")]
+    tokenizer: u32,
+    #[prost(uint32, tag = "9")]
+    classifier: u32,
+    #[prost(uint32, tag = "10")]
+    max_summary_generations: u32,
+    #[prost(uint32, tag = "11")]
+    anchor_policy: u32,
+    #[prost(uint32, tag = "12")]
+    mode: u32,
+    #[prost(uint32, tag = "13")]
+    summary_max_tokens: u32,
+    #[prost(message, optional, tag = "14")]
+    workload: Option<WorkloadRow>,
+}
+
+/// A declared workload.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct WorkloadRow {
+    #[prost(uint32, tag = "1")]
+    window_tokens: u32,
+    #[prost(double, tag = "2")]
+    alpha: f64,
+    #[prost(uint32, tag = "3")]
+    reserved_overhead_tokens: u32,
+    #[prost(uint64, tag = "4")]
+    cadence_ms: u64,
+    #[prost(uint32, tag = "5")]
+    max_single_injection_tokens: u32,
+    #[prost(uint32, tag = "6")]
+    max_interval_accumulation_tokens: u32,
+    #[prost(bool, tag = "7")]
+    idle_gaps: bool,
+}
+
+/// A span.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SpanRow {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+    #[prost(uint64, tag = "2")]
+    position: u64,
+    #[prost(uint32, tag = "3")]
+    role: u32,
+    #[prost(message, optional, tag = "4")]
+    classification: Option<ClassificationRow>,
+    #[prost(string, tag = "5")]
+    text: String,
+    #[prost(uint32, tag = "6")]
+    tokens: u32,
+    #[prost(uint32, tag = "7")]
+    generation: u32,
+    #[prost(uint64, tag = "8")]
+    turn: u64,
+    #[prost(message, optional, tag = "9")]
+    predicate: Option<PredicateRow>,
+    #[prost(message, optional, tag = "10")]
+    summary: Option<SummaryRow>,
+    #[prost(double, optional, tag = "11")]
+    relevance_hint: Option<f64>,
+    #[prost(uint64, tag = "12")]
+    admitted_at_ms: u64,
+}
+
+/// A span's classification.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ClassificationRow {
+    #[prost(uint32, tag = "1")]
+    class: u32,
+    #[prost(uint32, tag = "2")]
+    source: u32,
+    #[prost(string, tag = "3")]
+    rule: String,
+}
+
+/// A constraint's predicate.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct PredicateRow {
+    #[prost(uint32, tag = "1")]
+    modality: u32,
+    #[prost(string, repeated, tag = "2")]
+    required_terms: Vec<String>,
+    #[prost(uint32, tag = "3")]
+    source: u32,
+}
+
+/// What a summary stands for.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SummaryRow {
+    #[prost(uint64, repeated, tag = "1")]
+    covers: Vec<u64>,
+    #[prost(string, repeated, tag = "2")]
+    anchors: Vec<String>,
+    #[prost(uint32, tag = "3")]
+    anchors_dropped: u32,
+}
+
+/// An archived span.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ArchivedRow {
+    #[prost(message, optional, tag = "1")]
+    span: Option<SpanRow>,
+    #[prost(uint64, tag = "2")]
+    archived_by_seq: u64,
+}
+
+/// An entry of a pin set.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct PinRow {
+    #[prost(uint64, tag = "1")]
+    span_id: u64,
+    #[prost(message, optional, tag = "2")]
+    predicate: Option<PredicateRow>,
+}
+
+/// A marker.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct MarkerRow {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+    #[prost(string, tag = "2")]
+    session_id: String,
+    #[prost(uint64, tag = "3")]
+    session_seq: u64,
+    #[prost(uint32, tag = "4")]
+    trigger: u32,
+    #[prost(uint32, tag = "5")]
+    outcome: u32,
+    #[prost(uint32, tag = "6")]
+    tokens_before: u32,
+    #[prost(uint32, tag = "7")]
+    tokens_after: u32,
+    #[prost(uint32, tag = "8")]
+    incoming_tokens: u32,
+    #[prost(uint32, tag = "9")]
+    window_tokens: u32,
+    #[prost(uint32, tag = "10")]
+    budget_tokens: u32,
+    #[prost(uint32, tag = "11")]
+    pinned_tokens: u32,
+    #[prost(uint64, repeated, tag = "12")]
+    evicted: Vec<u64>,
+    #[prost(uint64, repeated, tag = "13")]
+    compressed: Vec<u64>,
+    #[prost(uint64, optional, tag = "14")]
+    summary_span_id: Option<u64>,
+    #[prost(uint32, tag = "15")]
+    summary_generation: u32,
+    #[prost(uint32, tag = "16")]
+    pinned_retained: u32,
+    #[prost(uint32, tag = "17")]
+    pinned_total: u32,
+    #[prost(uint32, tag = "18")]
+    anchors_carried: u32,
+    #[prost(uint32, tag = "19")]
+    anchors_dropped: u32,
+    #[prost(message, repeated, tag = "20")]
+    violations: Vec<ViolationRow>,
+    #[prost(uint64, tag = "21")]
+    at_ms: u64,
+    #[prost(uint64, tag = "22")]
+    session_revision: u64,
+    #[prost(string, tag = "23")]
+    actor: String,
+    #[prost(string, tag = "24")]
+    detail: String,
+}
+
+/// A verification violation inside an aborted marker.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ViolationRow {
+    #[prost(uint32, tag = "1")]
+    kind: u32,
+    #[prost(uint64, optional, tag = "2")]
+    span_id: Option<u64>,
+    #[prost(string, tag = "3")]
+    detail: String,
+    #[prost(string, repeated, tag = "4")]
+    missing_terms: Vec<String>,
+}
+
+/// The marker log's bounds, kept in meta so that neither end has to be
+/// found by scanning.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct MarkerLogRow {
+    #[prost(uint64, tag = "1")]
+    pub(crate) next_seq: u64,
+    #[prost(uint64, tag = "2")]
+    pub(crate) oldest_seq: u64,
+}
+
+// ---------------------------------------------------------------------------
+// Conversions.
+
+fn workload_row(w: &DeclaredWorkload) -> WorkloadRow {
+    WorkloadRow {
+        window_tokens: w.window_tokens,
+        alpha: w.alpha,
+        reserved_overhead_tokens: w.reserved_overhead_tokens,
+        cadence_ms: w.cadence_ms,
+        max_single_injection_tokens: w.max_single_injection_tokens,
+        max_interval_accumulation_tokens: w.max_interval_accumulation_tokens,
+        idle_gaps: w.idle_gaps,
+    }
+}
+
+fn workload_from(row: WorkloadRow) -> DeclaredWorkload {
+    DeclaredWorkload {
+        window_tokens: row.window_tokens,
+        alpha: row.alpha,
+        reserved_overhead_tokens: row.reserved_overhead_tokens,
+        cadence_ms: row.cadence_ms,
+        max_single_injection_tokens: row.max_single_injection_tokens,
+        max_interval_accumulation_tokens: row.max_interval_accumulation_tokens,
+        idle_gaps: row.idle_gaps,
+    }
+}
+
+fn config_row(c: &SessionConfig) -> ConfigRow {
+    ConfigRow {
+        window_tokens: c.window_tokens,
+        alpha: c.alpha,
+        soft_watermark: c.soft_watermark,
+        reserved_overhead_tokens: c.reserved_overhead_tokens,
+        relevance_floor: c.relevance_floor,
+        trigger: trigger_policy_code(c.trigger),
+        staleness_interval_ms: c.staleness_interval_ms,
+        tokenizer: tokenizer_code(c.tokenizer),
+        classifier: classifier_code(c.classifier),
+        max_summary_generations: c.max_summary_generations,
+        anchor_policy: anchor_policy_code(c.anchor_policy),
+        mode: mode_code(c.mode),
+        summary_max_tokens: c.summary_max_tokens,
+        workload: c.workload.as_ref().map(workload_row),
+    }
+}
+
+fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
+    Ok(SessionConfig {
+        window_tokens: row.window_tokens,
+        alpha: row.alpha,
+        soft_watermark: row.soft_watermark,
+        reserved_overhead_tokens: row.reserved_overhead_tokens,
+        relevance_floor: row.relevance_floor,
+        trigger: trigger_policy_from(row.trigger)?,
+        staleness_interval_ms: row.staleness_interval_ms,
+        tokenizer: tokenizer_from(row.tokenizer)?,
+        classifier: classifier_from(row.classifier)?,
+        max_summary_generations: row.max_summary_generations,
+        anchor_policy: anchor_policy_from(row.anchor_policy)?,
+        mode: mode_from(row.mode)?,
+        summary_max_tokens: row.summary_max_tokens,
+        workload: row.workload.map(workload_from),
+    })
+}
+
+fn session_row(r: &SessionRecord) -> SessionRow {
+    SessionRow {
+        id: r.id.clone(),
+        config: Some(config_row(&r.config)),
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+        revision: r.revision,
+        next_span_id: r.next_span_id,
+        turns: r.turns,
+        marker_count: r.marker_count,
+        compactions: r.compactions,
+        archived_spans: r.archived_spans,
+        live_tokens: r.live_tokens,
+        pinned_tokens: r.pinned_tokens,
+        live_spans: r.live_spans,
+        pinned_spans: r.pinned_spans,
+        approval_required: r.approval_required,
+        last_compaction_turn: r.last_compaction_turn,
+        last_admit_ms: r.last_admit_ms,
+    }
+}
+
+fn session_from(row: SessionRow) -> Result<SessionRecord, String> {
+    Ok(SessionRecord {
+        id: row.id,
+        config: config_from(required(row.config, "config")?)?,
+        created_at_ms: row.created_at_ms,
+        updated_at_ms: row.updated_at_ms,
+        revision: row.revision,
+        next_span_id: row.next_span_id,
+        turns: row.turns,
+        marker_count: row.marker_count,
+        compactions: row.compactions,
+        archived_spans: row.archived_spans,
+        live_tokens: row.live_tokens,
+        pinned_tokens: row.pinned_tokens,
+        live_spans: row.live_spans,
+        pinned_spans: row.pinned_spans,
+        approval_required: row.approval_required,
+        last_compaction_turn: row.last_compaction_turn,
+        last_admit_ms: row.last_admit_ms,
+    })
+}
+
+fn predicate_row(p: &Predicate) -> PredicateRow {
+    PredicateRow {
+        modality: modality_code(p.modality),
+        required_terms: p.required_terms.clone(),
+        source: predicate_source_code(p.source),
+    }
+}
+
+fn predicate_from(row: PredicateRow) -> Result<Predicate, String> {
+    Ok(Predicate {
+        modality: modality_from(row.modality)?,
+        required_terms: row.required_terms,
+        source: predicate_source_from(row.source)?,
+    })
+}
+
+fn span_row(s: &Span) -> SpanRow {
+    SpanRow {
+        id: s.id,
+        position: s.position,
+        role: role_code(s.role),
+        classification: Some(ClassificationRow {
+            class: class_code(s.classification.class),
+            source: class_source_code(s.classification.source),
+            rule: s.classification.rule.clone(),
+        }),
+        text: s.text.clone(),
+        tokens: s.tokens,
+        generation: s.generation,
+        turn: s.turn,
+        predicate: s.predicate.as_ref().map(predicate_row),
+        summary: s.summary.as_ref().map(|info| SummaryRow {
+            covers: info.covers.clone(),
+            anchors: info.anchors.clone(),
+            anchors_dropped: info.anchors_dropped,
+        }),
+        relevance_hint: s.relevance_hint,
+        admitted_at_ms: s.admitted_at_ms,
+    }
+}
+
+fn span_from(row: SpanRow) -> Result<Span, String> {
+    let class = required(row.classification, "classification")?;
+    Ok(Span {
+        id: row.id,
+        position: row.position,
+        role: role_from(row.role)?,
+        classification: Classification {
+            class: class_from(class.class)?,
+            source: class_source_from(class.source)?,
+            rule: class.rule,
+        },
+        text: row.text,
+        tokens: row.tokens,
+        generation: row.generation,
+        turn: row.turn,
+        predicate: row.predicate.map(predicate_from).transpose()?,
+        summary: row.summary.map(|info| SummaryInfo {
+            covers: info.covers,
+            anchors: info.anchors,
+            anchors_dropped: info.anchors_dropped,
+        }),
+        relevance_hint: row.relevance_hint,
+        admitted_at_ms: row.admitted_at_ms,
+    })
+}
+
+fn violation_row(v: &Violation) -> ViolationRow {
+    ViolationRow {
+        kind: violation_code(v.kind),
+        span_id: v.span_id,
+        detail: v.detail.clone(),
+        missing_terms: v.missing_terms.clone(),
+    }
+}
+
+fn violation_from(row: ViolationRow) -> Result<Violation, String> {
+    Ok(Violation {
+        kind: violation_kind_from(row.kind)?,
+        span_id: row.span_id,
+        detail: row.detail,
+        missing_terms: row.missing_terms,
+    })
+}
+
+fn marker_row(m: &Marker) -> MarkerRow {
+    MarkerRow {
+        seq: m.seq,
+        session_id: m.session_id.clone(),
+        session_seq: m.session_seq,
+        trigger: trigger_code(m.trigger),
+        outcome: outcome_code(m.outcome),
+        tokens_before: m.tokens_before,
+        tokens_after: m.tokens_after,
+        incoming_tokens: m.incoming_tokens,
+        window_tokens: m.window_tokens,
+        budget_tokens: m.budget_tokens,
+        pinned_tokens: m.pinned_tokens,
+        evicted: m.evicted.clone(),
+        compressed: m.compressed.clone(),
+        summary_span_id: m.summary_span_id,
+        summary_generation: m.summary_generation,
+        pinned_retained: m.pinned_retained,
+        pinned_total: m.pinned_total,
+        anchors_carried: m.anchors_carried,
+        anchors_dropped: m.anchors_dropped,
+        violations: m.violations.iter().map(violation_row).collect(),
+        at_ms: m.at_ms,
+        session_revision: m.session_revision,
+        actor: m.actor.clone(),
+        detail: m.detail.clone(),
+    }
+}
+
+fn marker_from(row: MarkerRow) -> Result<Marker, String> {
+    Ok(Marker {
+        seq: row.seq,
+        session_id: row.session_id,
+        session_seq: row.session_seq,
+        trigger: trigger_from(row.trigger)?,
+        outcome: outcome_from(row.outcome)?,
+        tokens_before: row.tokens_before,
+        tokens_after: row.tokens_after,
+        incoming_tokens: row.incoming_tokens,
+        window_tokens: row.window_tokens,
+        budget_tokens: row.budget_tokens,
+        pinned_tokens: row.pinned_tokens,
+        evicted: row.evicted,
+        compressed: row.compressed,
+        summary_span_id: row.summary_span_id,
+        summary_generation: row.summary_generation,
+        pinned_retained: row.pinned_retained,
+        pinned_total: row.pinned_total,
+        anchors_carried: row.anchors_carried,
+        anchors_dropped: row.anchors_dropped,
+        violations: row
+            .violations
+            .into_iter()
+            .map(violation_from)
+            .collect::<Result<_, _>>()?,
+        at_ms: row.at_ms,
+        session_revision: row.session_revision,
+        actor: row.actor,
+        detail: row.detail,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Encoding and decoding stored values. Each decoder also checks that the
+// record agrees with the key it was found under.
+
+/// Encodes a session record for its key.
+pub(crate) fn encode_session(key: &[u8], record: &SessionRecord) -> Vec<u8> {
+    seal(key, &session_row(record))
+}
+
+/// Decodes a session record found at `key`.
+pub(crate) fn decode_session(key: &[u8], value: &[u8]) -> Result<SessionRecord, StoreError> {
+    read(TreeId::Sessions, key, value, |row: SessionRow| {
+        let record = session_from(row)?;
+        if record.id.as_bytes() != key {
+            return Err(format!("record names session {:?}", record.id));
+        }
+        Ok(record)
+    })
+}
+
+/// Encodes a live span for its key.
+pub(crate) fn encode_span(key: &[u8], span: &Span) -> Vec<u8> {
+    seal(key, &span_row(span))
+}
+
+/// Decodes a live span found at `key` (session ‖ position).
+pub(crate) fn decode_span(key: &[u8], value: &[u8]) -> Result<Span, StoreError> {
+    read(TreeId::Spans, key, value, |row: SpanRow| {
+        let span = span_from(row)?;
+        match keys::parse_session_number_key(key) {
+            Some((_, position)) if position == span.position => Ok(span),
+            _ => Err(format!("record holds position {}", span.position)),
+        }
+    })
+}
+
+/// Encodes an archived span for its key.
+pub(crate) fn encode_archived(key: &[u8], span: &Span, by_seq: u64) -> Vec<u8> {
+    seal(
+        key,
+        &ArchivedRow {
+            span: Some(span_row(span)),
+            archived_by_seq: by_seq,
+        },
+    )
+}
+
+/// Decodes an archived span found at `key` (session ‖ span id), with the
+/// seq of the marker that evicted it.
+pub(crate) fn decode_archived(key: &[u8], value: &[u8]) -> Result<(Span, u64), StoreError> {
+    read(TreeId::Archive, key, value, |row: ArchivedRow| {
+        let span = span_from(required(row.span, "span")?)?;
+        match keys::parse_session_number_key(key) {
+            Some((_, id)) if id == span.id => Ok((span, row.archived_by_seq)),
+            _ => Err(format!("record holds span {}", span.id)),
+        }
+    })
+}
+
+/// Encodes a pin for its key.
+pub(crate) fn encode_pin(key: &[u8], span_id: SpanId, predicate: Option<&Predicate>) -> Vec<u8> {
+    seal(
+        key,
+        &PinRow {
+            span_id,
+            predicate: predicate.map(predicate_row),
+        },
+    )
+}
+
+/// Decodes a pin found at `key` (session ‖ span id).
+pub(crate) fn decode_pin(key: &[u8], value: &[u8]) -> Result<Pin, StoreError> {
+    read(TreeId::Pins, key, value, |row: PinRow| {
+        let pin = Pin {
+            span_id: row.span_id,
+            predicate: row.predicate.map(predicate_from).transpose()?,
+        };
+        match keys::parse_session_number_key(key) {
+            Some((_, id)) if id == pin.span_id => Ok(pin),
+            _ => Err(format!("record holds span {}", pin.span_id)),
+        }
+    })
+}
+
+/// Encodes a marker for its key.
+pub(crate) fn encode_marker(key: &[u8], marker: &Marker) -> Vec<u8> {
+    seal(key, &marker_row(marker))
+}
+
+/// Decodes a marker found at `key`.
+pub(crate) fn decode_marker(key: &[u8], value: &[u8]) -> Result<Marker, StoreError> {
+    read(TreeId::Markers, key, value, |row: MarkerRow| {
+        let marker = marker_from(row)?;
+        match keys::parse_marker_key(key) {
+            Some(seq) if seq == marker.seq => Ok(marker),
+            _ => Err(format!("record holds seq {}", marker.seq)),
+        }
+    })
+}
+
+/// Encodes the marker log's bounds.
+pub(crate) fn encode_marker_log(next_seq: u64, oldest_seq: u64) -> Vec<u8> {
+    seal(
+        keys::META_MARKER_LOG,
+        &MarkerLogRow {
+            next_seq,
+            oldest_seq,
+        },
+    )
+}
+
+/// Decodes the marker log's bounds.
+pub(crate) fn decode_marker_log(value: &[u8]) -> Result<MarkerLogRow, StoreError> {
+    read(
+        TreeId::Meta,
+        keys::META_MARKER_LOG,
+        value,
+        |row: MarkerLogRow| {
+            if row.next_seq == 0 || row.oldest_seq == 0 || row.oldest_seq > row.next_seq {
+                return Err(format!(
+                    "impossible bounds: oldest {}, next {}",
+                    row.oldest_seq, row.next_seq
+                ));
+            }
+            Ok(row)
+        },
+    )
+}
+
+/// The stored format version: four big-endian bytes and their crc32. It
+/// sits outside the record frame on purpose, so that a future build that
+/// changes the frame can still be recognised and refused by this one.
+pub(crate) fn encode_format_version(version: u32) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&version.to_be_bytes());
+    out[4..].copy_from_slice(&crc32fast::hash(&version.to_be_bytes()).to_be_bytes());
+    out
+}
+
+/// Reads the stored format version.
+pub(crate) fn decode_format_version(value: &[u8]) -> Result<u32, StoreError> {
+    let bad = |detail: String| corrupt(TreeId::Meta, keys::META_FORMAT, detail);
+    let bytes: [u8; 8] = value.try_into().map_err(|_| {
+        bad(format!(
+            "format version of {} bytes, expected 8",
+            value.len()
+        ))
+    })?;
+    let mut version = [0u8; 4];
+    version.copy_from_slice(&bytes[..4]);
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&bytes[4..]);
+    if crc32fast::hash(&version) != u32::from_be_bytes(crc) {
+        return Err(bad("format version fails its checksum".into()));
+    }
+    Ok(u32::from_be_bytes(version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::option;
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        // Any Unicode, including the empty string.
+        any::<String>()
+    }
+
+    fn finite() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(0.0),
+            Just(-0.0),
+            Just(f64::MAX),
+            Just(f64::MIN_POSITIVE),
+            Just(f64::INFINITY),
+            any::<f64>().prop_filter("not NaN", |x| !x.is_nan()),
+        ]
+    }
+
+    fn predicate() -> impl Strategy<Value = Predicate> {
+        (0u32..4, vec(text(), 0..4), 0u32..2).prop_map(|(m, terms, s)| Predicate {
+            modality: [
+                Modality::Prohibition,
+                Modality::Requirement,
+                Modality::Restriction,
+                Modality::Correction,
+            ][m as usize],
+            required_terms: terms,
+            source: [PredicateSource::Derived, PredicateSource::Caller][s as usize],
+        })
+    }
+
+    fn summary() -> impl Strategy<Value = SummaryInfo> {
+        (vec(any::<u64>(), 0..5), vec(text(), 0..4), any::<u32>()).prop_map(
+            |(covers, anchors, anchors_dropped)| SummaryInfo {
+                covers,
+                anchors,
+                anchors_dropped,
+            },
+        )
+    }
+
+    prop_compose! {
+        fn span()(
+            id in any::<u64>(),
+            position in any::<u64>(),
+            role in 0usize..4,
+            class in 0usize..3,
+            source in 0usize..3,
+            rule in text(),
+            body in text(),
+            tokens in any::<u32>(),
+            generation in any::<u32>(),
+            turn in any::<u64>(),
+            predicate in option::of(predicate()),
+            summary in option::of(summary()),
+            relevance_hint in option::of(finite()),
+            admitted_at_ms in any::<u64>(),
+        ) -> Span {
+            Span {
+                id,
+                position,
+                role: [Role::User, Role::Assistant, Role::Tool, Role::System][role],
+                classification: Classification {
+                    class: [SpanClass::Narrative, SpanClass::Constraint, SpanClass::Summary][class],
+                    source: [ClassSource::Caller, ClassSource::Rules, ClassSource::Broker][source],
+                    rule,
+                },
+                text: body,
+                tokens,
+                generation,
+                turn,
+                predicate,
+                summary,
+                relevance_hint,
+                admitted_at_ms,
+            }
+        }
+    }
+
+    prop_compose! {
+        fn workload()(
+            window_tokens in any::<u32>(),
+            alpha in finite(),
+            reserved_overhead_tokens in any::<u32>(),
+            cadence_ms in any::<u64>(),
+            max_single_injection_tokens in any::<u32>(),
+            max_interval_accumulation_tokens in any::<u32>(),
+            idle_gaps in any::<bool>(),
+        ) -> DeclaredWorkload {
+            DeclaredWorkload {
+                window_tokens,
+                alpha,
+                reserved_overhead_tokens,
+                cadence_ms,
+                max_single_injection_tokens,
+                max_interval_accumulation_tokens,
+                idle_gaps,
+            }
+        }
+    }
+
+    prop_compose! {
+        fn config()(
+            window_tokens in any::<u32>(),
+            alpha in finite(),
+            soft_watermark in finite(),
+            reserved_overhead_tokens in any::<u32>(),
+            relevance_floor in finite(),
+            trigger in 0usize..3,
+            staleness_interval_ms in any::<u64>(),
+            tokenizer in 0usize..3,
+            classifier in 0usize..2,
+            max_summary_generations in any::<u32>(),
+            anchor_policy in 0usize..2,
+            mode in 0usize..2,
+            summary_max_tokens in any::<u32>(),
+            workload in option::of(workload()),
+        ) -> SessionConfig {
+            SessionConfig {
+                window_tokens,
+                alpha,
+                soft_watermark,
+                reserved_overhead_tokens,
+                relevance_floor,
+                trigger: [TriggerPolicy::TokenBudget, TriggerPolicy::Hybrid, TriggerPolicy::TimeBased][trigger],
+                staleness_interval_ms,
+                tokenizer: [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase, TokenizerKind::Client][tokenizer],
+                classifier: [ClassifierMode::Rules, ClassifierMode::CallerOnly][classifier],
+                max_summary_generations,
+                anchor_policy: [AnchorPolicy::Require, AnchorPolicy::Warn][anchor_policy],
+                mode: [SessionMode::Auto, SessionMode::Approval][mode],
+                summary_max_tokens,
+                workload,
+            }
+        }
+    }
+
+    fn session_id() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9_./-]{1,40}|\\PC{1,32}"
+            .prop_filter("1 to 128 bytes", |s| !s.is_empty() && s.len() <= 128)
+    }
+
+    prop_compose! {
+        fn counters()(c in vec(any::<u64>(), 13)) -> Vec<u64> { c }
+    }
+
+    prop_compose! {
+        fn session()(
+            id in session_id(),
+            config in config(),
+            c in counters(),
+            approval_required in any::<bool>(),
+        ) -> SessionRecord {
+            SessionRecord {
+                id,
+                config,
+                created_at_ms: c[0],
+                updated_at_ms: c[1],
+                revision: c[2],
+                next_span_id: c[3],
+                turns: c[4],
+                marker_count: c[5],
+                compactions: c[6],
+                archived_spans: c[7],
+                live_tokens: c[8],
+                pinned_tokens: c[9],
+                live_spans: c[10],
+                pinned_spans: c[11],
+                approval_required,
+                last_compaction_turn: c[12],
+                last_admit_ms: c[0] ^ c[12],
+            }
+        }
+    }
+
+    fn violation() -> impl Strategy<Value = Violation> {
+        (
+            0usize..8,
+            option::of(any::<u64>()),
+            text(),
+            vec(text(), 0..3),
+        )
+            .prop_map(|(kind, span_id, detail, missing_terms)| Violation {
+                kind: [
+                    ViolationKind::PinnedMissing,
+                    ViolationKind::PredicateUnsatisfied,
+                    ViolationKind::OverBudget,
+                    ViolationKind::PinnedExceedBudget,
+                    ViolationKind::TurnTooLarge,
+                    ViolationKind::GenerationExceeded,
+                    ViolationKind::AnchorMissing,
+                    ViolationKind::PlanInconsistent,
+                ][kind],
+                span_id,
+                detail,
+                missing_terms,
+            })
+    }
+
+    prop_compose! {
+        fn marker()(
+            seq in any::<u64>(),
+            session_id in session_id(),
+            session_seq in any::<u64>(),
+            trigger in 0usize..5,
+            outcome in 0usize..2,
+            t in vec(any::<u32>(), 11),
+            evicted in vec(any::<u64>(), 0..6),
+            compressed in vec(any::<u64>(), 0..3),
+            summary_span_id in option::of(any::<u64>()),
+            violations in vec(violation(), 0..3),
+            at_ms in any::<u64>(),
+            session_revision in any::<u64>(),
+            actor in text(),
+            detail in text(),
+        ) -> Marker {
+            Marker {
+                seq,
+                session_id,
+                session_seq,
+                trigger: [
+                    CompactionTrigger::HardBudget,
+                    CompactionTrigger::SoftWatermark,
+                    CompactionTrigger::Staleness,
+                    CompactionTrigger::Manual,
+                    CompactionTrigger::Unpin,
+                ][trigger],
+                outcome: [Outcome::Committed, Outcome::Aborted][outcome],
+                tokens_before: t[0],
+                tokens_after: t[1],
+                incoming_tokens: t[2],
+                window_tokens: t[3],
+                budget_tokens: t[4],
+                pinned_tokens: t[5],
+                evicted,
+                compressed,
+                summary_span_id,
+                summary_generation: t[6],
+                pinned_retained: t[7],
+                pinned_total: t[8],
+                anchors_carried: t[9],
+                anchors_dropped: t[10],
+                violations,
+                at_ms,
+                session_revision,
+                actor,
+                detail,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn session_records_round_trip(record in session()) {
+            let key = keys::session_key(&record.id);
+            let value = encode_session(&key, &record);
+            prop_assert_eq!(decode_session(&key, &value)?, record);
+        }
+
+        #[test]
+        fn spans_round_trip(span in span(), session in session_id()) {
+            let key = keys::session_number_key(&session, span.position);
+            let value = encode_span(&key, &span);
+            prop_assert_eq!(decode_span(&key, &value)?, span);
+        }
+
+        #[test]
+        fn archived_spans_round_trip(span in span(), session in session_id(), by_seq in any::<u64>()) {
+            let key = keys::session_number_key(&session, span.id);
+            let value = encode_archived(&key, &span, by_seq);
+            prop_assert_eq!(decode_archived(&key, &value)?, (span, by_seq));
+        }
+
+        #[test]
+        fn pins_round_trip(span_id in any::<u64>(), predicate in option::of(predicate()), session in session_id()) {
+            let key = keys::session_number_key(&session, span_id);
+            let value = encode_pin(&key, span_id, predicate.as_ref());
+            prop_assert_eq!(decode_pin(&key, &value)?, Pin { span_id, predicate });
+        }
+
+        #[test]
+        fn markers_round_trip(marker in marker()) {
+            let key = keys::marker_key(marker.seq);
+            let value = encode_marker(&key, &marker);
+            prop_assert_eq!(decode_marker(&key, &value)?, marker);
+        }
+
+        #[test]
+        fn marker_log_round_trips(oldest in 1u64..1000, extra in 0u64..1000) {
+            let value = encode_marker_log(oldest + extra, oldest);
+            let row = decode_marker_log(&value)?;
+            prop_assert_eq!((row.next_seq, row.oldest_seq), (oldest + extra, oldest));
+        }
+
+        #[test]
+        fn format_version_round_trips(version in any::<u32>()) {
+            prop_assert_eq!(decode_format_version(&encode_format_version(version))?, version);
+        }
+
+        /// Any single flipped bit of a stored record is caught.
+        #[test]
+        fn a_flipped_bit_is_corrupt(marker in marker(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let key = keys::marker_key(marker.seq);
+            let mut value = encode_marker(&key, &marker);
+            let i = at.index(value.len());
+            value[i] ^= 1 << bit;
+            let is_corrupt = matches!(decode_marker(&key, &value), Err(StoreError::Corrupt { .. }));
+            prop_assert!(is_corrupt);
+        }
+    }
+
+    #[test]
+    fn negative_zero_and_infinity_keep_their_bits() {
+        let mut config = SessionConfig::with_window(1000);
+        config.alpha = -0.0;
+        config.relevance_floor = f64::NEG_INFINITY;
+        let row = config_from(config_row(&config)).map(|c| (c.alpha.to_bits(), c.relevance_floor));
+        assert_eq!(row, Ok(((-0.0f64).to_bits(), f64::NEG_INFINITY)));
+    }
+
+    #[test]
+    fn a_record_under_another_key_is_corrupt() {
+        let mut config = SessionConfig::with_window(1000);
+        config.workload = Some(DeclaredWorkload::default());
+        let record = SessionRecord {
+            id: "a".into(),
+            config,
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            revision: 3,
+            next_span_id: 4,
+            turns: 5,
+            marker_count: 6,
+            compactions: 7,
+            archived_spans: 8,
+            live_tokens: 9,
+            pinned_tokens: 10,
+            live_spans: 11,
+            pinned_spans: 12,
+            approval_required: true,
+            last_compaction_turn: 13,
+            last_admit_ms: 14,
+        };
+        let value = encode_session(b"a", &record);
+        match decode_session(b"b", &value) {
+            Err(StoreError::Corrupt {
+                tree,
+                key,
+                session,
+                detail,
+            }) => {
+                assert_eq!(tree, "sessions");
+                assert_eq!(key, "\"b\"");
+                assert_eq!(session.as_deref(), Some("b"));
+                assert!(detail.contains("checksum"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_enum_codes_and_missing_fields_are_corrupt() {
+        let key = keys::session_number_key("s", 1);
+        let row = SpanRow {
+            id: 1,
+            position: 1,
+            role: 9,
+            classification: Some(ClassificationRow {
+                class: 1,
+                source: 1,
+                rule: String::new(),
+            }),
+            ..SpanRow::default()
+        };
+        let value = seal(&key, &row);
+        let err = decode_span(&key, &value);
+        assert!(
+            matches!(&err, Err(StoreError::Corrupt { detail, .. }) if detail.contains("role")),
+            "{err:?}"
+        );
+        let row = SpanRow {
+            role: 1,
+            classification: None,
+            ..row
+        };
+        let value = seal(&key, &row);
+        let err = decode_span(&key, &value);
+        assert!(
+            matches!(&err, Err(StoreError::Corrupt { detail, .. }) if detail.contains("classification")),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,445 @@
+//! The store's handle: opening, reading, queueing writes, closing.
+
+use std::fmt;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use ctxbroker_core::{Marker, Span, SpanId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::model::{
+    MarkerBounds, Pin, SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck,
+    WriteOp,
+};
+use crate::record::{self, FORMAT_VERSION};
+use crate::writer::{Flusher, Msg, Request, Shared, Trees, Writer};
+
+/// A handle on an open store. Cheap to clone: every clone shares the same
+/// engine and the same writer. Reads go straight to the engine from the
+/// calling thread; writes are queued to the one writer thread.
+///
+/// Dropping the last handle closes the store as [`Store::close`] does.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    trees: Trees,
+    shared: Arc<Shared>,
+    queue: mpsc::Sender<Msg>,
+    /// Taken by the first `close`, which joins it.
+    writer: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.inner.dir)
+            .field("markers", &self.inner.shared.bounds())
+            .field("sessions", &self.session_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir` and starts its writer.
+    ///
+    /// Refuses a store written in a newer format
+    /// ([`StoreError::UnsupportedFormat`]) and one whose bookkeeping does
+    /// not add up ([`StoreError::Corrupt`]).
+    pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_capacity_bytes)
+            .flush_every_ms(Some(500))
+            .open()
+            .map_err(|e| match StoreError::engine(e) {
+                StoreError::Io(msg) => StoreError::Io(format!("opening {}: {msg}", dir.display())),
+                other => other,
+            })?;
+        let trees = Trees::open(db)?;
+        let (next_seq, oldest_seq) = check_format(&trees)?;
+        let sessions = trees.sessions.len() as u64;
+        let shared = Arc::new(Shared::new(
+            MarkerBounds {
+                oldest: oldest_seq,
+                next: next_seq,
+            },
+            sessions,
+        ));
+        let max_batch = options.max_batch.max(1);
+        let (queue, rx) = mpsc::channel(max_batch.saturating_mul(2));
+        let (to_flusher, from_writer) = std::sync::mpsc::channel();
+        let flusher = Flusher {
+            db: trees.db.clone(),
+            shared: Arc::clone(&shared),
+            rx: from_writer,
+            durability: options.durability,
+            hook: options.on_commit,
+            unpublished: Vec::new(),
+            bounds: None,
+        };
+        let flusher_thread = std::thread::Builder::new()
+            .name("ctxbroker-store-flusher".into())
+            .spawn(move || flusher.run())
+            .map_err(|e| StoreError::Io(format!("starting the flusher thread: {e}")))?;
+        let writer = Writer {
+            trees: trees.clone(),
+            shared: Arc::clone(&shared),
+            rx,
+            retention: options.marker_retention,
+            max_batch,
+            flusher: to_flusher,
+            flusher_thread,
+            next_seq,
+            oldest_seq,
+            sessions,
+        };
+        let handle = std::thread::Builder::new()
+            .name("ctxbroker-store-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Io(format!("starting the writer thread: {e}")))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                dir: dir.to_owned(),
+                trees,
+                shared,
+                queue,
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// Queues a write to the writer and waits for its acknowledgement,
+    /// which comes once the write's batch is applied and (with
+    /// [`Durability::Flush`](crate::Durability::Flush)) flushed. Waits for
+    /// room when the queue is full, so a burst slows callers down instead
+    /// of growing memory.
+    ///
+    /// A write whose caller stops waiting after it was queued may still be
+    /// applied.
+    pub async fn write(&self, op: WriteOp) -> Result<WriteAck, StoreError> {
+        if self.inner.shared.closing.load(Ordering::SeqCst) {
+            return Err(StoreError::Closed);
+        }
+        let (ack, outcome) = oneshot::channel();
+        self.inner
+            .queue
+            .send(Msg::Write(Request { op, ack }))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        outcome.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// A session's record, if it exists.
+    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        keys::check_session_id(id)?;
+        let key = keys::session_key(id);
+        match self
+            .inner
+            .trees
+            .sessions
+            .get(&key)
+            .map_err(StoreError::engine)?
+        {
+            Some(value) => record::decode_session(&key, &value).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `limit` sessions in id order (byte order of the ids), strictly
+    /// after `after`: pages of a listing.
+    pub fn sessions(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let start = match after {
+            Some(after) => Bound::Excluded(keys::session_key(after)),
+            None => Bound::Unbounded,
+        };
+        let range = self
+            .inner
+            .trees
+            .sessions
+            .range::<Vec<u8>, _>((start, Bound::Unbounded));
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for entry in range.take(limit) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            out.push(record::decode_session(&key, &value)?);
+        }
+        Ok(out)
+    }
+
+    /// How many sessions are stored; kept in memory by the writer.
+    pub fn session_count(&self) -> u64 {
+        self.inner.shared.sessions.load(Ordering::Relaxed)
+    }
+
+    /// A session's live context, in prompt order (by position).
+    pub fn live_spans(&self, id: &str) -> Result<Vec<Span>, StoreError> {
+        keys::check_session_id(id)?;
+        let _snapshot = self.snapshot();
+        self.require_session(id)?;
+        let mut spans = Vec::new();
+        for entry in self.inner.trees.spans.scan_prefix(keys::session_prefix(id)) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            spans.push(record::decode_span(&key, &value)?);
+        }
+        Ok(spans)
+    }
+
+    /// One span of a session by id, live or archived.
+    pub fn span(&self, session: &str, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
+        keys::check_session_id(session)?;
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let trees = &self.inner.trees;
+        let key = keys::session_number_key(session, span_id);
+        if let Some(value) = trees.archive.get(&key).map_err(StoreError::engine)? {
+            let (span, by_seq) = record::decode_archived(&key, &value)?;
+            return Ok(Some(StoredSpan {
+                span,
+                state: SpanState::Archived { by_seq },
+            }));
+        }
+        let live = |span: Span| StoredSpan {
+            span,
+            state: SpanState::Live,
+        };
+        // Admitted spans stand at the position equal to their id.
+        if let Some(value) = trees.spans.get(&key).map_err(StoreError::engine)? {
+            let span = record::decode_span(&key, &value)?;
+            if span.id == span_id {
+                return Ok(Some(live(span)));
+            }
+        }
+        // Summaries stand where the first span they replaced stood.
+        for entry in trees.spans.scan_prefix(keys::session_prefix(session)) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let span = record::decode_span(&key, &value)?;
+            if span.id == span_id {
+                return Ok(Some(live(span)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A session's pin set: its live constraints and their predicates, in
+    /// span id order.
+    pub fn pins(&self, session: &str) -> Result<Vec<Pin>, StoreError> {
+        keys::check_session_id(session)?;
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let mut pins = Vec::new();
+        for entry in self
+            .inner
+            .trees
+            .pins
+            .scan_prefix(keys::session_prefix(session))
+        {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            pins.push(record::decode_pin(&key, &value)?);
+        }
+        Ok(pins)
+    }
+
+    /// Up to `limit` committed markers with seq ≥ `from_seq`, ascending and
+    /// contiguous. Never returns a marker beyond the committed head (see
+    /// [`Store::marker_bounds`]); returns an empty list at the head.
+    ///
+    /// Fails with [`StoreError::MarkersTrimmed`] when markers from
+    /// `from_seq` (or from 1, for 0) are no longer all retained, so that a
+    /// reader can never skip one silently.
+    pub fn markers(&self, from_seq: u64, limit: usize) -> Result<Vec<Marker>, StoreError> {
+        let bounds = self.inner.shared.bounds();
+        let start = from_seq.max(1);
+        let trimmed = |oldest: u64| StoreError::MarkersTrimmed { from_seq, oldest };
+        if start < bounds.oldest {
+            return Err(trimmed(bounds.oldest));
+        }
+        if start >= bounds.next || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let range = self
+            .inner
+            .trees
+            .markers
+            .range(keys::marker_key(start)..keys::marker_key(bounds.next));
+        let mut out: Vec<Marker> = Vec::with_capacity(limit.min(1024));
+        for entry in range.take(limit) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let marker = record::decode_marker(&key, &value)?;
+            let expected = start + out.len() as u64;
+            if marker.seq != expected {
+                // Retention removed markers while this read ran. What was
+                // read so far is contiguous; the caller's next read will
+                // report the trim.
+                if out.is_empty() {
+                    return Err(trimmed(marker.seq));
+                }
+                break;
+            }
+            out.push(marker);
+        }
+        if out.is_empty() {
+            // Everything from `start` was removed while this read ran.
+            return Err(trimmed(self.inner.shared.bounds().oldest.max(start + 1)));
+        }
+        Ok(out)
+    }
+
+    /// The committed marker log: the writer advances `next` only after the
+    /// markers below it are flushed, and before it hands them to the commit
+    /// hook.
+    pub fn marker_bounds(&self) -> MarkerBounds {
+        self.inner.shared.bounds()
+    }
+
+    /// How the writer has batched so far.
+    pub fn stats(&self) -> StoreStats {
+        let queue = &self.inner.queue;
+        StoreStats {
+            queued: (queue.max_capacity() - queue.capacity()) as u64,
+            ..self.inner.shared.stats()
+        }
+    }
+
+    /// Stops accepting writes, lets the writer finish what is queued, flushes
+    /// one last time and joins the writer. Later writes fail with
+    /// [`StoreError::Closed`]; reads keep working. Closing again is a no-op.
+    ///
+    /// The directory stays locked until the last handle is dropped.
+    pub fn close(&self) -> Result<(), StoreError> {
+        self.inner.close()
+    }
+
+    pub(crate) fn snapshot(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.inner
+            .shared
+            .snapshot
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn require_session(&self, id: &str) -> Result<(), StoreError> {
+        let present = self
+            .inner
+            .trees
+            .sessions
+            .contains_key(keys::session_key(id))
+            .map_err(StoreError::engine)?;
+        if present {
+            Ok(())
+        } else {
+            Err(StoreError::SessionNotFound { id: id.to_owned() })
+        }
+    }
+
+    /// The engine tree behind a keyspace, for tests that damage records.
+    #[cfg(test)]
+    pub(crate) fn raw_tree(&self, tree: TreeId) -> &sled::Tree {
+        self.inner.trees.tree(tree)
+    }
+}
+
+impl Inner {
+    fn close(&self) -> Result<(), StoreError> {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        // A full queue needs no wake-up: the writer is not waiting.
+        let _ = self.queue.try_send(Msg::Wake);
+        let mut writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(handle) = writer.take() else {
+            return Ok(());
+        };
+        if handle.thread().id() == std::thread::current().id() {
+            // Dropped from the writer itself: it is already on its way out.
+            return Ok(());
+        }
+        handle
+            .join()
+            .map_err(|_| StoreError::Engine("the writer thread panicked".into()))?
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// Checks the stored format version (writing it into a new store) and
+/// returns the marker log's `(next, oldest)`.
+fn check_format(trees: &Trees) -> Result<(u64, u64), StoreError> {
+    let meta = &trees.meta;
+    let meta_corrupt = |key: &[u8], detail: &str| record::corrupt(TreeId::Meta, key, detail);
+    let Some(version) = meta.get(keys::META_FORMAT).map_err(StoreError::engine)? else {
+        for tree in TreeId::ALL {
+            if !trees.tree(tree).is_empty() {
+                return Err(meta_corrupt(
+                    keys::META_FORMAT,
+                    &format!("missing, but tree {} holds data", tree.name()),
+                ));
+            }
+        }
+        let mut batch = sled::Batch::default();
+        batch.insert(
+            keys::META_FORMAT,
+            &record::encode_format_version(u32::from(FORMAT_VERSION))[..],
+        );
+        batch.insert(keys::META_MARKER_LOG, record::encode_marker_log(1, 1));
+        meta.apply_batch(batch).map_err(StoreError::engine)?;
+        trees.db.flush().map_err(StoreError::engine)?;
+        return Ok((1, 1));
+    };
+    let version = record::decode_format_version(&version)?;
+    let supported = u32::from(FORMAT_VERSION);
+    if version > supported {
+        return Err(StoreError::UnsupportedFormat {
+            found: version,
+            supported,
+        });
+    }
+    if version < supported {
+        return Err(meta_corrupt(
+            keys::META_FORMAT,
+            &format!("format version {version} was never written by any build"),
+        ));
+    }
+    let log = match meta
+        .get(keys::META_MARKER_LOG)
+        .map_err(StoreError::engine)?
+    {
+        Some(value) => record::decode_marker_log(&value)?,
+        None => return Err(meta_corrupt(keys::META_MARKER_LOG, "missing")),
+    };
+    // A marker at or past `next` would be overwritten by the next write.
+    if let Some((key, _)) = trees.markers.last().map_err(StoreError::engine)? {
+        match keys::parse_marker_key(&key) {
+            Some(seq) if seq < log.next_seq => {}
+            _ => {
+                return Err(meta_corrupt(
+                    keys::META_MARKER_LOG,
+                    &format!(
+                        "says the next marker is {} but the log holds {}",
+                        log.next_seq,
+                        keys::render(TreeId::Markers, &key)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((log.next_seq, log.oldest_seq))
+}

@@ -1,0 +1,450 @@
+//! Tests that reach the engine's trees directly: damaged records and
+//! foreign formats.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::await_holding_lock)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::sync::RwLockReadGuard;
+
+use support::{Session, constraint, queue_in_order, wait_until};
+
+use ctxbroker_core::marker::{CompactionTrigger, Outcome};
+use ctxbroker_core::span::{ClassSource, Classification, Role, SpanClass};
+use ctxbroker_core::{Marker, SessionConfig, Span};
+
+use crate::keys::{self, TreeId};
+use crate::record;
+use crate::{
+    AdmitWrite, CompactionWrite, MarkerBounds, SessionRecord, SpanState, Store, StoreError,
+    StoreOptions, WriteAck, WriteOp,
+};
+
+fn record(id: &str, revision: u64, next_span_id: u64) -> SessionRecord {
+    SessionRecord {
+        id: id.into(),
+        config: SessionConfig::with_window(10_000),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+        revision,
+        next_span_id,
+        turns: 0,
+        marker_count: 0,
+        compactions: 0,
+        archived_spans: 0,
+        live_tokens: 0,
+        pinned_tokens: 0,
+        live_spans: 0,
+        pinned_spans: 0,
+        approval_required: false,
+        last_compaction_turn: 0,
+        last_admit_ms: 0,
+    }
+}
+
+fn span(id: u64) -> Span {
+    Span {
+        id,
+        position: id,
+        role: Role::User,
+        classification: Classification {
+            class: SpanClass::Narrative,
+            source: ClassSource::Caller,
+            rule: String::new(),
+        },
+        text: format!("span {id}"),
+        tokens: 2,
+        generation: 0,
+        turn: 1,
+        predicate: None,
+        summary: None,
+        relevance_hint: None,
+        admitted_at_ms: 1,
+    }
+}
+
+fn marker(session: &str, session_seq: u64) -> Marker {
+    Marker {
+        seq: 0,
+        session_id: session.into(),
+        session_seq,
+        trigger: CompactionTrigger::Manual,
+        outcome: Outcome::Committed,
+        tokens_before: 6,
+        tokens_after: 4,
+        incoming_tokens: 0,
+        window_tokens: 10_000,
+        budget_tokens: 8_500,
+        pinned_tokens: 0,
+        evicted: vec![1],
+        compressed: vec![],
+        summary_span_id: None,
+        summary_generation: 0,
+        pinned_retained: 0,
+        pinned_total: 0,
+        anchors_carried: 0,
+        anchors_dropped: 0,
+        violations: vec![],
+        at_ms: 2,
+        session_revision: 3,
+        actor: "op".into(),
+        detail: String::new(),
+    }
+}
+
+/// Two sessions, "hurt" and "fine", each with spans 1..=3; "hurt" then
+/// evicts span 1 under marker 1.
+async fn populated(dir: &Path) -> Store {
+    let store = Store::open(dir, StoreOptions::default()).unwrap();
+    for id in ["hurt", "fine"] {
+        store
+            .write(WriteOp::CreateSession {
+                record: record(id, 1, 1),
+            })
+            .await
+            .unwrap();
+        store
+            .write(WriteOp::Admit(AdmitWrite {
+                expected_revision: 1,
+                record: record(id, 2, 4),
+                append: vec![span(1), span(2), span(3)],
+                compaction: None,
+            }))
+            .await
+            .unwrap();
+    }
+    let mut after = record("hurt", 3, 4);
+    after.marker_count = 1;
+    store
+        .write(WriteOp::Admit(AdmitWrite {
+            expected_revision: 2,
+            record: after,
+            append: vec![],
+            compaction: Some(CompactionWrite {
+                evict: vec![1],
+                summary: None,
+                replace: vec![],
+                marker: marker("hurt", 1),
+            }),
+        }))
+        .await
+        .unwrap();
+    store
+}
+
+fn flip_byte(store: &Store, tree: TreeId, key: &[u8], at: usize) {
+    let raw = store.raw_tree(tree);
+    let mut value = raw.get(key).unwrap().expect("record present").to_vec();
+    let at = at.min(value.len() - 1);
+    value[at] ^= 0x40;
+    raw.insert(key, value).unwrap();
+}
+
+fn assert_corrupt<T: std::fmt::Debug>(
+    result: Result<T, StoreError>,
+    tree: &str,
+    key: &str,
+    session: Option<&str>,
+) {
+    match result {
+        Err(StoreError::Corrupt {
+            tree: t,
+            key: k,
+            session: s,
+            detail,
+        }) => {
+            assert_eq!(t, tree);
+            assert_eq!(k, key);
+            assert_eq!(s.as_deref(), session);
+            assert!(!detail.is_empty());
+        }
+        other => panic!("expected Corrupt in {tree} at {key}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_damaged_span_is_reported_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    flip_byte(
+        &store,
+        TreeId::Spans,
+        &keys::session_number_key("hurt", 2),
+        20,
+    );
+
+    assert_corrupt(
+        store.live_spans("hurt"),
+        "spans",
+        "\"hurt\"/position 2",
+        Some("hurt"),
+    );
+    assert_corrupt(
+        store.span("hurt", 2),
+        "spans",
+        "\"hurt\"/position 2",
+        Some("hurt"),
+    );
+    // The other session and the other records are untouched.
+    assert_eq!(store.live_spans("fine").unwrap().len(), 3);
+    assert!(store.span("hurt", 3).is_ok());
+
+    // A write that must read the damaged record is refused, and changes
+    // nothing.
+    let mut after = record("hurt", 4, 4);
+    after.marker_count = 2;
+    let evict_damaged = WriteOp::Admit(AdmitWrite {
+        expected_revision: 3,
+        record: after,
+        append: vec![],
+        compaction: Some(CompactionWrite {
+            evict: vec![2],
+            summary: None,
+            replace: vec![],
+            marker: marker("hurt", 2),
+        }),
+    });
+    assert_corrupt(
+        store.write(evict_damaged).await,
+        "spans",
+        "\"hurt\"/position 2",
+        Some("hurt"),
+    );
+    assert_eq!(store.marker_bounds().next, 2);
+    assert_eq!(store.session("hurt").unwrap().unwrap().revision, 3);
+}
+
+#[tokio::test]
+async fn damaged_sessions_archives_and_markers_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+
+    flip_byte(
+        &store,
+        TreeId::Archive,
+        &keys::session_number_key("hurt", 1),
+        9,
+    );
+    assert_corrupt(
+        store.span("hurt", 1),
+        "archive",
+        "\"hurt\"/span 1",
+        Some("hurt"),
+    );
+
+    flip_byte(&store, TreeId::Markers, &keys::marker_key(1), 0);
+    assert_corrupt(store.markers(1, 10), "markers", "seq 1", None);
+
+    flip_byte(&store, TreeId::Sessions, b"hurt", 7);
+    assert_corrupt(store.session("hurt"), "sessions", "\"hurt\"", Some("hurt"));
+    assert_corrupt(
+        store.sessions(None, 10),
+        "sessions",
+        "\"hurt\"",
+        Some("hurt"),
+    );
+    assert_eq!(store.sessions(Some("hurt"), 10).unwrap().len(), 0);
+    assert_eq!(store.sessions(None, 1).unwrap()[0].id, "fine");
+
+    // A damaged session can still be deleted.
+    let ack = store
+        .write(WriteOp::DeleteSession { id: "hurt".into() })
+        .await
+        .unwrap();
+    assert_eq!(ack.spans_deleted, 3);
+    assert_eq!(store.session("hurt").unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_truncated_record_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    let key = keys::session_number_key("fine", 3);
+    store
+        .raw_tree(TreeId::Spans)
+        .insert(&key, &[1u8, 2][..])
+        .unwrap();
+    assert_corrupt(
+        store.live_spans("fine"),
+        "spans",
+        "\"fine\"/position 3",
+        Some("fine"),
+    );
+    store.raw_tree(TreeId::Spans).insert(&key, &[][..]).unwrap();
+    assert_corrupt(
+        store.span("fine", 3),
+        "spans",
+        "\"fine\"/position 3",
+        Some("fine"),
+    );
+}
+
+#[tokio::test]
+async fn a_store_from_a_newer_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = populated(dir.path()).await;
+        store
+            .raw_tree(TreeId::Meta)
+            .insert(keys::META_FORMAT, &record::encode_format_version(7)[..])
+            .unwrap();
+        store.close().unwrap();
+    }
+    match Store::open(dir.path(), StoreOptions::default()) {
+        Err(StoreError::UnsupportedFormat { found, supported }) => {
+            assert_eq!((found, supported), (7, 1));
+        }
+        other => panic!("expected UnsupportedFormat, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn damaged_bookkeeping_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = populated(dir.path()).await;
+        // The log's bounds say no marker exists yet, but marker 1 does.
+        store
+            .raw_tree(TreeId::Meta)
+            .insert(keys::META_MARKER_LOG, record::encode_marker_log(1, 1))
+            .unwrap();
+        store.close().unwrap();
+    }
+    let opened = Store::open(dir.path(), StoreOptions::default());
+    assert_corrupt(opened, "meta", "\"marker_log\"", None);
+
+    {
+        let db = sled::open(dir.path()).unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .remove(keys::META_FORMAT)
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let opened = Store::open(dir.path(), StoreOptions::default());
+    assert_corrupt(opened, "meta", "\"format_version\"", None);
+}
+
+/// Holds the writer: a reader holding the snapshot lock stops it at its
+/// next transaction. A write for `session` is sent and taken by the
+/// writer, which then waits; writes queued meanwhile form its next batch.
+/// Dropping the guard lets it go on; the handle yields that first write's
+/// outcome.
+async fn hold_writer<'a>(
+    store: &'a Store,
+    session: &mut Session,
+) -> (
+    RwLockReadGuard<'a, ()>,
+    tokio::task::JoinHandle<Result<WriteAck, StoreError>>,
+) {
+    let guard = store.snapshot();
+    let taken = store.stats().writes + 1;
+    let op = session.abort();
+    let handle = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(op).await })
+    };
+    wait_until(|| store.stats().writes >= taken).await;
+    (guard, handle)
+}
+
+/// The writer is held while four writes queue up behind it, so they are
+/// taken as one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut sessions: Vec<Session> = (0..4).map(|i| Session::new(&format!("s{i}"))).collect();
+    for s in &mut sessions {
+        store.write(s.create()).await.unwrap();
+        store.write(s.admit(s.next_spans(2))).await.unwrap();
+    }
+    let before = store.stats();
+    let (held, blocker) = hold_writer(&store, &mut sessions[0]).await;
+
+    // s1: good; s2: stale; s3: good, with a marker; s1 again: good, planned
+    // on the write queued before it in the same batch.
+    let mut stale = sessions[2].clone();
+    stale.record.revision -= 1;
+    let ops = vec![
+        sessions[1].admit_next(1),
+        stale.admit_next(1),
+        sessions[3].abort(),
+        sessions[1].admit_next(2),
+    ];
+    let count = ops.len() as u64;
+    let pending = queue_in_order(&store, ops).await;
+    assert_eq!(store.stats().queued, count);
+    drop(held);
+
+    assert_eq!(blocker.await.unwrap().unwrap().marker_seq, Some(1));
+    let mut results = Vec::new();
+    for p in pending {
+        results.push(p.await.unwrap());
+    }
+    assert!(results[0].is_ok());
+    assert!(matches!(results[1], Err(StoreError::StaleRevision { .. })));
+    assert_eq!(results[2].as_ref().unwrap().marker_seq, Some(2));
+    assert!(results[3].is_ok());
+
+    let after = store.stats();
+    assert_eq!(after.batches - before.batches, 2, "{after:?}");
+    assert!(after.largest_batch >= count);
+    assert_eq!(store.live_spans("s1").unwrap().len(), 5);
+    assert_eq!(store.live_spans("s2").unwrap().len(), 2);
+    assert_eq!(store.session("s1").unwrap().unwrap(), sessions[1].record);
+    assert_eq!(store.session("s3").unwrap().unwrap(), sessions[3].record);
+    assert_eq!(store.marker_bounds(), MarkerBounds { oldest: 1, next: 3 });
+    store.close().unwrap();
+}
+
+/// Delete, create and admit for one id in one batch: each sees the
+/// state the one before it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_and_recreate_in_one_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut s = Session::new("x");
+    store.write(s.create()).await.unwrap();
+    let mut spans = s.next_spans(3);
+    spans[0] = constraint(1, "never delete backups");
+    store.write(s.admit(spans)).await.unwrap();
+    let (op, _) = s.admit_compacting(vec![2], 2, vec![], vec![]);
+    store.write(op).await.unwrap();
+    let mut other = Session::new("other");
+    store.write(other.create()).await.unwrap();
+    let batches = store.stats().batches;
+
+    let (held, blocker) = hold_writer(&store, &mut other).await;
+    let mut fresh = Session::new("x");
+    let ops = vec![
+        WriteOp::DeleteSession { id: "x".into() },
+        fresh.create(),
+        fresh.admit(fresh.next_spans(2)),
+    ];
+    let pending = queue_in_order(&store, ops).await;
+    drop(held);
+    blocker.await.unwrap().unwrap();
+    let mut acks = Vec::new();
+    for p in pending {
+        acks.push(p.await.unwrap().unwrap());
+    }
+    assert_eq!(
+        store.stats().batches,
+        batches + 2,
+        "one batch after the held one"
+    );
+    assert_eq!(acks[0].spans_deleted, 4);
+    assert_eq!(store.live_spans("x").unwrap().len(), 2);
+    assert!(store.pins("x").unwrap().is_empty());
+    assert_eq!(
+        store.span("x", 2).unwrap().map(|s| s.state),
+        Some(SpanState::Live)
+    );
+    assert_eq!(store.span("x", 3).unwrap(), None);
+    assert_eq!(store.session("x").unwrap().unwrap(), fresh.record);
+    assert_eq!(store.session_count(), 2);
+    store.close().unwrap();
+}

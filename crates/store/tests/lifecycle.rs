@@ -1,0 +1,158 @@
+//! Sessions: create, list, delete; closing; reopening after a drop.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod support;
+
+use ctxbroker_store::{Store, StoreError, StoreOptions, WriteOp};
+use support::{Session, constraint, span, tempdir};
+
+#[tokio::test]
+async fn sessions_are_created_once_and_listed_in_id_order() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    for id in ["b", "a", "ab", "c", "a/b"] {
+        store.write(Session::new(id).create()).await.unwrap();
+    }
+    assert!(matches!(
+        store.write(Session::new("ab").create()).await,
+        Err(StoreError::SessionExists { id }) if id == "ab"
+    ));
+    assert_eq!(store.session_count(), 5);
+    let page = |after: Option<&str>, limit| -> Vec<String> {
+        store
+            .sessions(after, limit)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    assert_eq!(page(None, 10), ["a", "a/b", "ab", "b", "c"]);
+    assert_eq!(page(None, 2), ["a", "a/b"]);
+    assert_eq!(page(Some("a/b"), 2), ["ab", "b"]);
+    assert_eq!(page(Some("aa"), 10), ["ab", "b", "c"]);
+    assert!(page(Some("c"), 10).is_empty());
+    assert_eq!(store.session("zz").unwrap(), None);
+    assert!(matches!(
+        store.session(""),
+        Err(StoreError::InvalidSessionId { len: 0 })
+    ));
+    assert!(matches!(
+        store.write(Session::new(&"x".repeat(129)).create()).await,
+        Err(StoreError::InvalidSessionId { len: 129 })
+    ));
+}
+
+#[tokio::test]
+async fn a_session_never_sees_the_spans_of_one_whose_id_it_prefixes() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut a = Session::new("a");
+    let mut ab = Session::new("ab");
+    for s in [&mut a, &mut ab] {
+        store.write(s.create()).await.unwrap();
+        let spans = s.next_spans(3);
+        store.write(s.admit(spans)).await.unwrap();
+    }
+    let live = store.live_spans("a").unwrap();
+    assert_eq!(live.len(), 3);
+    assert!(live.iter().all(|s| s.text.starts_with("a span")));
+    store
+        .write(WriteOp::DeleteSession { id: "a".into() })
+        .await
+        .unwrap();
+    assert_eq!(store.live_spans("ab").unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn delete_removes_everything_but_the_markers() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut s = Session::new("gone");
+    store.write(s.create()).await.unwrap();
+    let mut spans = s.next_spans(4);
+    spans[0] = constraint(1, "never deploy on friday");
+    store.write(s.admit(spans)).await.unwrap();
+    let (op, _) = s.admit_compacting(vec![2, 3], 2, vec![], vec![span(0, "x")]);
+    store.write(op).await.unwrap();
+    let mut other = Session::new("kept");
+    store.write(other.create()).await.unwrap();
+    store.write(other.admit(other.next_spans(2))).await.unwrap();
+    assert_eq!(store.pins("gone").unwrap().len(), 1);
+
+    let ack = store
+        .write(WriteOp::DeleteSession { id: "gone".into() })
+        .await
+        .unwrap();
+    // Live: 1, summary, 4, appended; archived: 2, 3.
+    assert_eq!(ack.spans_deleted, 6);
+    assert_eq!(store.session("gone").unwrap(), None);
+    assert_eq!(store.session_count(), 1);
+    for read in [
+        store.live_spans("gone").map(|_| ()),
+        store.pins("gone").map(|_| ()),
+        store.span("gone", 2).map(|_| ()),
+    ] {
+        assert!(matches!(read, Err(StoreError::SessionNotFound { .. })));
+    }
+    assert!(matches!(
+        store
+            .write(WriteOp::DeleteSession { id: "gone".into() })
+            .await,
+        Err(StoreError::SessionNotFound { .. })
+    ));
+    assert_eq!(store.markers(1, 10).unwrap().len(), 1, "markers stay");
+    assert_eq!(store.live_spans("kept").unwrap().len(), 2);
+
+    // The id can be used again, from scratch.
+    let mut again = Session::new("gone");
+    store.write(again.create()).await.unwrap();
+    store.write(again.admit(again.next_spans(1))).await.unwrap();
+    assert_eq!(store.live_spans("gone").unwrap().len(), 1);
+    assert!(store.pins("gone").unwrap().is_empty());
+    assert_eq!(store.span("gone", 2).unwrap(), None);
+}
+
+#[tokio::test]
+async fn close_stops_writes_but_not_reads() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut s = Session::new("c");
+    store.write(s.create()).await.unwrap();
+    store.close().unwrap();
+    store.close().unwrap();
+    assert!(matches!(
+        store.write(s.admit(s.next_spans(1))).await,
+        Err(StoreError::Closed)
+    ));
+    assert!(store.session("c").unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_store_dropped_without_close_reopens_with_every_acknowledged_write() {
+    let dir = tempdir();
+    let mut s = Session::new("d");
+    {
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        store.write(s.create()).await.unwrap();
+        for _ in 0..5 {
+            store.write(s.admit(s.next_spans(2))).await.unwrap();
+        }
+        store.write(s.abort()).await.unwrap();
+    }
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.session("d").unwrap().unwrap(), s.record);
+    assert_eq!(store.live_spans("d").unwrap().len(), 10);
+    assert_eq!(store.marker_bounds().next, 2);
+    assert_eq!(store.session_count(), 1);
+}
+
+#[test]
+fn a_directory_in_use_is_refused() {
+    let dir = tempdir();
+    let _store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert!(matches!(
+        Store::open(dir.path(), StoreOptions::default()),
+        Err(StoreError::Io(_) | StoreError::Engine(_))
+    ));
+}
