@@ -1,0 +1,328 @@
+//! Conversions between the wire contract and the domain types. The server
+//! is the only crate that knows both.
+
+use ctxbroker_core::config::{
+    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionConfig, SessionMode, TokenizerKind,
+    TriggerPolicy,
+};
+use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
+use ctxbroker_core::plan::{Violation, ViolationKind};
+use ctxbroker_core::span::{
+    ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
+};
+use ctxbroker_proto::v1 as pb;
+use ctxbroker_store::{SessionRecord, SpanState};
+
+/// Milliseconds since the Unix epoch as a protobuf timestamp.
+pub fn timestamp(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        // < 1e9 by construction.
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// Saturates a domain count into the contract's u32 token fields.
+pub fn tokens32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The wire role of a domain role.
+pub fn role_to_pb(role: Role) -> pb::Role {
+    match role {
+        Role::User => pb::Role::User,
+        Role::Assistant => pb::Role::Assistant,
+        Role::Tool => pb::Role::Tool,
+        Role::System => pb::Role::System,
+    }
+}
+
+/// The domain role of a wire role; None for UNSPECIFIED.
+pub fn role_from_pb(role: pb::Role) -> Option<Role> {
+    match role {
+        pb::Role::Unspecified => None,
+        pb::Role::User => Some(Role::User),
+        pb::Role::Assistant => Some(Role::Assistant),
+        pb::Role::Tool => Some(Role::Tool),
+        pb::Role::System => Some(Role::System),
+    }
+}
+
+/// The wire class of a domain class.
+pub fn class_to_pb(class: SpanClass) -> pb::SpanClass {
+    match class {
+        SpanClass::Narrative => pb::SpanClass::Narrative,
+        SpanClass::Constraint => pb::SpanClass::Constraint,
+        SpanClass::Summary => pb::SpanClass::Summary,
+    }
+}
+
+fn class_source_to_pb(source: ClassSource) -> pb::ClassSource {
+    match source {
+        ClassSource::Caller => pb::ClassSource::Caller,
+        ClassSource::Rules => pb::ClassSource::Rules,
+        ClassSource::Broker => pb::ClassSource::Broker,
+    }
+}
+
+/// The wire modality of a domain modality.
+pub fn modality_to_pb(modality: Modality) -> pb::Modality {
+    match modality {
+        Modality::Prohibition => pb::Modality::Prohibition,
+        Modality::Requirement => pb::Modality::Requirement,
+        Modality::Restriction => pb::Modality::Restriction,
+        Modality::Correction => pb::Modality::Correction,
+    }
+}
+
+/// The domain modality of a wire modality; None for UNSPECIFIED.
+pub fn modality_from_pb(modality: pb::Modality) -> Option<Modality> {
+    match modality {
+        pb::Modality::Unspecified => None,
+        pb::Modality::Prohibition => Some(Modality::Prohibition),
+        pb::Modality::Requirement => Some(Modality::Requirement),
+        pb::Modality::Restriction => Some(Modality::Restriction),
+        pb::Modality::Correction => Some(Modality::Correction),
+    }
+}
+
+/// The wire form of a predicate.
+pub fn predicate_to_pb(predicate: &Predicate) -> pb::Predicate {
+    pb::Predicate {
+        modality: modality_to_pb(predicate.modality) as i32,
+        required_terms: predicate.required_terms.clone(),
+        source: match predicate.source {
+            PredicateSource::Derived => pb::PredicateSource::Derived,
+            PredicateSource::Caller => pb::PredicateSource::Caller,
+        } as i32,
+    }
+}
+
+/// The wire form of a span. `relevance` is filled where it was computed.
+pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
+    let (state, archived_by_seq) = match state {
+        SpanState::Live => (pb::SpanState::Live, 0),
+        SpanState::Archived { by_seq } => (pb::SpanState::Archived, by_seq),
+    };
+    pb::Span {
+        span_id: span.id,
+        role: role_to_pb(span.role) as i32,
+        span_class: class_to_pb(span.classification.class) as i32,
+        class_source: class_source_to_pb(span.classification.source) as i32,
+        class_rule: span.classification.rule.clone(),
+        text: span.text.clone(),
+        tokens: span.tokens,
+        generation: span.generation,
+        turn: span.turn,
+        predicate: span.predicate.as_ref().map(predicate_to_pb),
+        summarized_span_ids: span
+            .summary
+            .as_ref()
+            .map(|s| s.covers.clone())
+            .unwrap_or_default(),
+        anchors: span
+            .summary
+            .as_ref()
+            .map(|s| s.anchors.clone())
+            .unwrap_or_default(),
+        state: state as i32,
+        relevance,
+        admitted_at: Some(timestamp(span.admitted_at_ms)),
+        archived_by_seq,
+        relevance_hint: span.relevance_hint,
+    }
+}
+
+/// The stable name of a violation kind, as in the contract's enum.
+pub fn violation_kind_name(kind: ViolationKind) -> &'static str {
+    violation_kind_to_pb(kind).as_str_name()
+}
+
+fn violation_kind_to_pb(kind: ViolationKind) -> pb::ViolationKind {
+    match kind {
+        ViolationKind::PinnedMissing => pb::ViolationKind::PinnedMissing,
+        ViolationKind::PredicateUnsatisfied => pb::ViolationKind::PredicateUnsatisfied,
+        ViolationKind::OverBudget => pb::ViolationKind::OverBudget,
+        ViolationKind::PinnedExceedBudget => pb::ViolationKind::PinnedExceedBudget,
+        ViolationKind::TurnTooLarge => pb::ViolationKind::TurnTooLarge,
+        ViolationKind::GenerationExceeded => pb::ViolationKind::GenerationExceeded,
+        ViolationKind::AnchorMissing => pb::ViolationKind::AnchorMissing,
+        ViolationKind::PlanInconsistent => pb::ViolationKind::PlanInconsistent,
+    }
+}
+
+/// The wire form of a violation.
+pub fn violation_to_pb(violation: &Violation) -> pb::Violation {
+    pb::Violation {
+        kind: violation_kind_to_pb(violation.kind) as i32,
+        span_id: violation.span_id.unwrap_or(0),
+        detail: violation.detail.clone(),
+        missing_terms: violation.missing_terms.clone(),
+    }
+}
+
+/// The wire form of a marker.
+pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
+    pb::CompactionMarker {
+        seq: marker.seq,
+        session_id: marker.session_id.clone(),
+        session_seq: marker.session_seq,
+        trigger: match marker.trigger {
+            CompactionTrigger::HardBudget => pb::CompactionTrigger::HardBudget,
+            CompactionTrigger::SoftWatermark => pb::CompactionTrigger::SoftWatermark,
+            CompactionTrigger::Staleness => pb::CompactionTrigger::Staleness,
+            CompactionTrigger::Manual => pb::CompactionTrigger::Manual,
+            CompactionTrigger::Unpin => pb::CompactionTrigger::Unpin,
+        } as i32,
+        outcome: match marker.outcome {
+            Outcome::Committed => pb::CompactionOutcome::Committed,
+            Outcome::Aborted => pb::CompactionOutcome::Aborted,
+        } as i32,
+        tokens_before: marker.tokens_before,
+        tokens_after: marker.tokens_after,
+        incoming_tokens: marker.incoming_tokens,
+        window_tokens: marker.window_tokens,
+        budget_tokens: marker.budget_tokens,
+        evicted_span_ids: marker.evicted.clone(),
+        compressed_span_ids: marker.compressed.clone(),
+        summary_span_id: marker.summary_span_id,
+        summary_generation: marker.summary_generation,
+        pinned_retained: marker.pinned_retained,
+        pinned_total: marker.pinned_total,
+        anchors_carried: marker.anchors_carried,
+        anchors_dropped: marker.anchors_dropped,
+        violations: marker.violations.iter().map(violation_to_pb).collect(),
+        at: Some(timestamp(marker.at_ms)),
+        pinned_tokens: marker.pinned_tokens,
+        session_revision: marker.session_revision,
+        actor: marker.actor.clone(),
+        detail: marker.detail.clone(),
+    }
+}
+
+/// The wire trigger policy of a domain one.
+pub fn trigger_to_pb(trigger: TriggerPolicy) -> pb::TriggerPolicy {
+    match trigger {
+        TriggerPolicy::TokenBudget => pb::TriggerPolicy::TokenBudget,
+        TriggerPolicy::Hybrid => pb::TriggerPolicy::Hybrid,
+        TriggerPolicy::TimeBased => pb::TriggerPolicy::TimeBased,
+    }
+}
+
+/// The wire tokenizer kind of a domain one.
+pub fn tokenizer_to_pb(kind: TokenizerKind) -> pb::TokenizerKind {
+    match kind {
+        TokenizerKind::O200kBase => pb::TokenizerKind::O200kBase,
+        TokenizerKind::Cl100kBase => pb::TokenizerKind::Cl100kBase,
+        TokenizerKind::Client => pb::TokenizerKind::Client,
+    }
+}
+
+/// The wire form of a declared workload.
+pub fn workload_to_pb(w: &DeclaredWorkload) -> pb::DeclaredWorkload {
+    pb::DeclaredWorkload {
+        window_tokens: w.window_tokens,
+        alpha: w.alpha,
+        reserved_overhead_tokens: w.reserved_overhead_tokens,
+        cadence_ms: w.cadence_ms,
+        max_single_injection_tokens: w.max_single_injection_tokens,
+        max_interval_accumulation_tokens: w.max_interval_accumulation_tokens,
+        idle_gaps: w.idle_gaps,
+    }
+}
+
+/// The domain form of a wire workload.
+pub fn workload_from_pb(w: &pb::DeclaredWorkload) -> DeclaredWorkload {
+    DeclaredWorkload {
+        window_tokens: w.window_tokens,
+        alpha: w.alpha,
+        reserved_overhead_tokens: w.reserved_overhead_tokens,
+        cadence_ms: w.cadence_ms,
+        max_single_injection_tokens: w.max_single_injection_tokens,
+        max_interval_accumulation_tokens: w.max_interval_accumulation_tokens,
+        idle_gaps: w.idle_gaps,
+    }
+}
+
+/// The wire form of an effective configuration, every field set.
+pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
+    pb::SessionConfig {
+        window_tokens: Some(c.window_tokens),
+        alpha: Some(c.alpha),
+        soft_watermark: Some(c.soft_watermark),
+        reserved_overhead_tokens: Some(c.reserved_overhead_tokens),
+        relevance_floor: Some(c.relevance_floor),
+        trigger: trigger_to_pb(c.trigger) as i32,
+        staleness_interval_ms: Some(c.staleness_interval_ms),
+        tokenizer: tokenizer_to_pb(c.tokenizer) as i32,
+        classifier: match c.classifier {
+            ClassifierMode::Rules => pb::ClassifierMode::Rules,
+            ClassifierMode::CallerOnly => pb::ClassifierMode::CallerOnly,
+        } as i32,
+        max_summary_generations: Some(c.max_summary_generations),
+        anchor_policy: match c.anchor_policy {
+            AnchorPolicy::Require => pb::AnchorPolicy::Require,
+            AnchorPolicy::Warn => pb::AnchorPolicy::Warn,
+        } as i32,
+        mode: match c.mode {
+            SessionMode::Auto => pb::SessionMode::Auto,
+            SessionMode::Approval => pb::SessionMode::Approval,
+        } as i32,
+        summary_max_tokens: Some(c.effective_summary_max_tokens()),
+        workload: c.workload.as_ref().map(workload_to_pb),
+    }
+}
+
+/// The wire totals of a session record.
+pub fn totals_to_pb(record: &SessionRecord) -> pb::ContextTotals {
+    let c = &record.config;
+    pb::ContextTotals {
+        live_tokens: tokens32(record.live_tokens),
+        pinned_tokens: tokens32(record.pinned_tokens),
+        budget_tokens: c.budget_tokens(),
+        window_tokens: c.window_tokens,
+        soft_watermark_tokens: c.soft_watermark_tokens(),
+        live_spans: tokens32(record.live_spans),
+        pinned_spans: tokens32(record.pinned_spans),
+    }
+}
+
+/// The wire form of a session.
+pub fn session_to_pb(record: &SessionRecord) -> pb::Session {
+    pb::Session {
+        session_id: record.id.clone(),
+        config: Some(config_to_pb(&record.config)),
+        revision: record.revision,
+        totals: Some(totals_to_pb(record)),
+        turns: record.turns,
+        compactions: record.compactions,
+        archived_spans: record.archived_spans,
+        created_at: Some(timestamp(record.created_at_ms)),
+        updated_at: Some(timestamp(record.updated_at_ms)),
+        approval_required: record.approval_required || record.config.mode == SessionMode::Approval,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_split_milliseconds() {
+        let ts = timestamp(1_700_000_123_456);
+        assert_eq!(ts.seconds, 1_700_000_123);
+        assert_eq!(ts.nanos, 456_000_000);
+    }
+
+    #[test]
+    fn every_violation_kind_has_its_contract_name() {
+        assert_eq!(
+            violation_kind_name(ViolationKind::PinnedExceedBudget),
+            "VIOLATION_KIND_PINNED_EXCEED_BUDGET"
+        );
+        assert_eq!(
+            violation_kind_name(ViolationKind::TurnTooLarge),
+            "VIOLATION_KIND_TURN_TOO_LARGE"
+        );
+    }
+}

@@ -1,0 +1,483 @@
+//! The server's error type and its one exhaustive mapping to `tonic::Status`
+//! with google.rpc details: adding a variant without deciding its status
+//! code does not compile.
+
+use std::collections::HashMap;
+
+use ctxbroker_core::plan::{Sizes, Violation};
+use ctxbroker_proto::v1 as pb;
+use ctxbroker_store::StoreError;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, FieldViolation, PreconditionViolation, StatusExt};
+
+/// The `ErrorInfo.domain` of every error the server returns.
+pub const ERROR_DOMAIN: &str = "ctxbroker.v1";
+
+/// Stable machine-readable reasons, as in `ErrorInfo.reason`.
+pub mod reason {
+    /// A request field is malformed or past a limit.
+    pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+    /// The session does not exist.
+    pub const SESSION_NOT_FOUND: &str = "SESSION_NOT_FOUND";
+    /// The span does not exist in the session.
+    pub const SPAN_NOT_FOUND: &str = "SPAN_NOT_FOUND";
+    /// The session id is taken.
+    pub const SESSION_EXISTS: &str = "SESSION_EXISTS";
+    /// A compaction could not be made valid (escalation).
+    pub const COMPACTION_INVARIANT: &str = "COMPACTION_INVARIANT";
+    /// A compaction is needed but the session requires approval.
+    pub const APPROVAL_REQUIRED: &str = "APPROVAL_REQUIRED";
+    /// A configuration change would leave live above the new budget.
+    pub const CONFIG_BELOW_LIVE: &str = "CONFIG_BELOW_LIVE";
+    /// The session changed since the request was prepared.
+    pub const STALE_REVISION: &str = "STALE_REVISION";
+    /// A watch asked for markers older than retention.
+    pub const MARKER_OUT_OF_RANGE: &str = "MARKER_OUT_OF_RANGE";
+    /// The server holds its maximum number of sessions.
+    pub const MAX_SESSIONS: &str = "MAX_SESSIONS";
+    /// The server holds its maximum number of streams.
+    pub const MAX_STREAMS: &str = "MAX_STREAMS";
+    /// The RPC is part of the contract but not served by this build.
+    pub const NOT_IMPLEMENTED: &str = "NOT_IMPLEMENTED";
+    /// The server is shutting down; retry elsewhere or later.
+    pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+    /// A stored record failed its checksum or did not decode.
+    pub const CORRUPT_RECORD: &str = "CORRUPT_RECORD";
+    /// The storage engine failed.
+    pub const STORAGE: &str = "STORAGE";
+    /// A defect in the server.
+    pub const INTERNAL: &str = "INTERNAL";
+}
+
+/// One bad field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadField {
+    /// The field's path in the request, e.g. `spans[2].text`.
+    pub field: String,
+    /// What is wrong, with the limit.
+    pub description: String,
+}
+
+impl BadField {
+    /// A bad field.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        BadField {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// A refused admission: the sizes at stake, every violation found, and the
+/// ABORTED marker that records it.
+#[derive(Debug, Clone)]
+pub struct Escalation {
+    /// The session.
+    pub session_id: String,
+    /// Live, incoming, pinned, budget and window.
+    pub sizes: Sizes,
+    /// What made the compaction impossible or invalid.
+    pub violations: Vec<Violation>,
+    /// The ABORTED marker's sequence.
+    pub marker_seq: u64,
+}
+
+/// What went wrong, in the caller's terms.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// One or more request fields are bad; nothing was changed.
+    #[error("invalid request: {}", describe(.0))]
+    InvalidArgument(Vec<BadField>),
+    /// The session does not exist.
+    #[error("session {0:?} not found")]
+    SessionNotFound(String),
+    /// The span does not exist in the session.
+    #[error("span {span_id} not found in session {session_id:?}")]
+    SpanNotFound {
+        /// The session.
+        session_id: String,
+        /// The span.
+        span_id: u64,
+    },
+    /// The session id is taken.
+    #[error("session {0:?} already exists")]
+    SessionExists(String),
+    /// A compaction could not be made valid; nothing was committed.
+    #[error(
+        "compaction invariant: the turn cannot be admitted (live {} + incoming {} tokens, pinned {}, budget {}, window {}): {}",
+        .0.sizes.live, .0.sizes.incoming, .0.sizes.pinned, .0.sizes.budget, .0.sizes.window,
+        violations(&.0.violations)
+    )]
+    Escalation(Box<Escalation>),
+    /// The turn needs a compaction but the session requires approval.
+    #[error(
+        "session {session_id:?} requires approval for compactions: live {live} + incoming {incoming} tokens exceed the budget {budget}"
+    )]
+    ApprovalRequired {
+        /// The session.
+        session_id: String,
+        /// Live tokens.
+        live: u64,
+        /// Incoming tokens.
+        incoming: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// A configuration change would leave live above the new budget.
+    #[error(
+        "the new configuration's budget of {budget} tokens is below the session's {live} live tokens; compact first"
+    )]
+    ConfigBelowLive {
+        /// Live tokens now.
+        live: u64,
+        /// The new budget.
+        budget: u64,
+    },
+    /// The session changed under the request.
+    #[error("session {session_id:?} changed (revision {actual}, expected {expected}); retry")]
+    StaleRevision {
+        /// The session.
+        session_id: String,
+        /// The revision the request was prepared against.
+        expected: u64,
+        /// The revision now.
+        actual: u64,
+    },
+    /// A watch asked for markers older than retention.
+    #[error("marker {requested} is older than retention; the oldest available is {oldest}")]
+    MarkerOutOfRange {
+        /// The requested start.
+        requested: u64,
+        /// The oldest marker retained.
+        oldest: u64,
+    },
+    /// The server holds its maximum number of sessions.
+    #[error("the server holds its maximum of {max} sessions")]
+    SessionLimit {
+        /// The limit.
+        max: u64,
+    },
+    /// The server holds its maximum number of streams.
+    #[error("the server holds its maximum of {max} concurrent streams")]
+    StreamLimit {
+        /// The limit.
+        max: usize,
+    },
+    /// Part of the contract that this build does not serve yet.
+    #[error("{rpc} is not implemented yet: {missing}")]
+    NotImplemented {
+        /// The RPC.
+        rpc: &'static str,
+        /// What is missing.
+        missing: &'static str,
+    },
+    /// The server is shutting down. `resume_from_seq` tells a watcher where
+    /// to resume.
+    #[error("the server is shutting down")]
+    ShuttingDown {
+        /// For watchers: the next marker they have not received.
+        resume_from_seq: Option<u64>,
+    },
+    /// A stored record is corrupt; it is never served.
+    #[error("corrupt record {key} in {tree}{}: {detail}", session_suffix(.session_id))]
+    Corrupt {
+        /// The tree.
+        tree: String,
+        /// The key, printable.
+        key: String,
+        /// The session it belongs to.
+        session_id: Option<String>,
+        /// What failed.
+        detail: String,
+    },
+    /// The storage engine failed.
+    #[error("storage failure: {0}")]
+    Storage(String),
+    /// A defect in the server: a state it should never reach. Logged and
+    /// reported, never hidden.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn describe(fields: &[BadField]) -> String {
+    fields
+        .iter()
+        .map(|f| format!("{}: {}", f.field, f.description))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn violations(violations: &[Violation]) -> String {
+    violations
+        .iter()
+        .map(|v| v.detail.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn session_suffix(session: &Option<String>) -> String {
+    session
+        .as_deref()
+        .map(|s| format!(" (session {s:?})"))
+        .unwrap_or_default()
+}
+
+/// A status with its parts kept apart, so that AdmitStream can put the same
+/// information in an inline `TurnError` as unary Admit puts in a `Status`.
+#[derive(Debug, Clone)]
+pub struct ErrorParts {
+    /// The gRPC code.
+    pub code: Code,
+    /// The human-readable message.
+    pub message: String,
+    /// The stable reason.
+    pub reason: &'static str,
+    /// The ErrorInfo metadata.
+    pub metadata: HashMap<String, String>,
+    /// BadRequest field violations.
+    pub fields: Vec<BadField>,
+    /// PreconditionFailure violations: (type, subject, description).
+    pub preconditions: Vec<(String, String, String)>,
+}
+
+impl ApiError {
+    /// The error's code, reason, metadata and violations.
+    pub fn parts(&self) -> ErrorParts {
+        let message = self.to_string();
+        let mut metadata = HashMap::new();
+        let mut fields = Vec::new();
+        let mut preconditions = Vec::new();
+        let (code, reason) = match self {
+            ApiError::InvalidArgument(bad) => {
+                fields.clone_from(bad);
+                (Code::InvalidArgument, reason::INVALID_ARGUMENT)
+            }
+            ApiError::SessionNotFound(id) => {
+                metadata.insert("session_id".into(), id.clone());
+                (Code::NotFound, reason::SESSION_NOT_FOUND)
+            }
+            ApiError::SpanNotFound {
+                session_id,
+                span_id,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("span_id".into(), span_id.to_string());
+                (Code::NotFound, reason::SPAN_NOT_FOUND)
+            }
+            ApiError::SessionExists(id) => {
+                metadata.insert("session_id".into(), id.clone());
+                (Code::AlreadyExists, reason::SESSION_EXISTS)
+            }
+            ApiError::Escalation(esc) => {
+                let s = esc.sizes;
+                metadata.insert("session_id".into(), esc.session_id.clone());
+                metadata.insert("live_tokens".into(), s.live.to_string());
+                metadata.insert("incoming_tokens".into(), s.incoming.to_string());
+                metadata.insert("pinned_tokens".into(), s.pinned.to_string());
+                metadata.insert("budget_tokens".into(), s.budget.to_string());
+                metadata.insert("window_tokens".into(), s.window.to_string());
+                metadata.insert("marker_seq".into(), esc.marker_seq.to_string());
+                let kinds: Vec<&str> = esc
+                    .violations
+                    .iter()
+                    .map(|v| crate::convert::violation_kind_name(v.kind))
+                    .collect();
+                metadata.insert("violations".into(), kinds.join(","));
+                for v in &esc.violations {
+                    preconditions.push((
+                        crate::convert::violation_kind_name(v.kind).to_owned(),
+                        v.span_id
+                            .map(|id| format!("span/{id}"))
+                            .unwrap_or_else(|| format!("session/{}", esc.session_id)),
+                        v.detail.clone(),
+                    ));
+                }
+                (Code::FailedPrecondition, reason::COMPACTION_INVARIANT)
+            }
+            ApiError::ApprovalRequired {
+                session_id,
+                live,
+                incoming,
+                budget,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("live_tokens".into(), live.to_string());
+                metadata.insert("incoming_tokens".into(), incoming.to_string());
+                metadata.insert("budget_tokens".into(), budget.to_string());
+                (Code::FailedPrecondition, reason::APPROVAL_REQUIRED)
+            }
+            ApiError::ConfigBelowLive { live, budget } => {
+                metadata.insert("live_tokens".into(), live.to_string());
+                metadata.insert("budget_tokens".into(), budget.to_string());
+                (Code::FailedPrecondition, reason::CONFIG_BELOW_LIVE)
+            }
+            ApiError::StaleRevision {
+                session_id,
+                expected,
+                actual,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("expected_revision".into(), expected.to_string());
+                metadata.insert("actual_revision".into(), actual.to_string());
+                (Code::Aborted, reason::STALE_REVISION)
+            }
+            ApiError::MarkerOutOfRange { requested, oldest } => {
+                metadata.insert("requested_seq".into(), requested.to_string());
+                metadata.insert("oldest_seq".into(), oldest.to_string());
+                (Code::OutOfRange, reason::MARKER_OUT_OF_RANGE)
+            }
+            ApiError::SessionLimit { max } => {
+                metadata.insert("max_sessions".into(), max.to_string());
+                (Code::ResourceExhausted, reason::MAX_SESSIONS)
+            }
+            ApiError::StreamLimit { max } => {
+                metadata.insert("max_concurrent_streams".into(), max.to_string());
+                (Code::ResourceExhausted, reason::MAX_STREAMS)
+            }
+            ApiError::NotImplemented { rpc, .. } => {
+                metadata.insert("rpc".into(), (*rpc).to_owned());
+                (Code::Unimplemented, reason::NOT_IMPLEMENTED)
+            }
+            ApiError::ShuttingDown { resume_from_seq } => {
+                if let Some(seq) = resume_from_seq {
+                    metadata.insert("resume_from_seq".into(), seq.to_string());
+                }
+                (Code::Unavailable, reason::SHUTTING_DOWN)
+            }
+            ApiError::Corrupt {
+                tree,
+                key,
+                session_id,
+                ..
+            } => {
+                metadata.insert("tree".into(), tree.clone());
+                metadata.insert("key".into(), key.clone());
+                if let Some(id) = session_id {
+                    metadata.insert("session_id".into(), id.clone());
+                }
+                (Code::DataLoss, reason::CORRUPT_RECORD)
+            }
+            ApiError::Storage(_) => (Code::Unavailable, reason::STORAGE),
+            ApiError::Internal(_) => (Code::Internal, reason::INTERNAL),
+        };
+        ErrorParts {
+            code,
+            message,
+            reason,
+            metadata,
+            fields,
+            preconditions,
+        }
+    }
+
+    /// The inline error of an AdmitStream reply.
+    pub fn to_turn_error(&self) -> pb::TurnError {
+        let parts = self.parts();
+        pb::TurnError {
+            code: parts.code as i32,
+            message: parts.message,
+            reason: parts.reason.to_owned(),
+            metadata: parts.metadata,
+            field_violations: parts
+                .fields
+                .into_iter()
+                .map(|f| pb::FieldViolation {
+                    field: f.field,
+                    description: f.description,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(err: ApiError) -> Status {
+        let parts = err.parts();
+        let mut details =
+            ErrorDetails::with_error_info(parts.reason, ERROR_DOMAIN, parts.metadata.clone());
+        if !parts.fields.is_empty() {
+            details.set_bad_request(
+                parts
+                    .fields
+                    .iter()
+                    .map(|f| FieldViolation::new(f.field.clone(), f.description.clone()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        if !parts.preconditions.is_empty() {
+            details.set_precondition_failure(
+                parts
+                    .preconditions
+                    .iter()
+                    .map(|(kind, subject, description)| {
+                        PreconditionViolation::new(
+                            kind.clone(),
+                            subject.clone(),
+                            description.clone(),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let mut status = Status::with_error_details(parts.code, parts.message, details);
+        // A watcher reads where to resume without decoding the details.
+        if let Some(seq) = parts
+            .metadata
+            .get("resume_from_seq")
+            .or_else(|| parts.metadata.get("oldest_seq"))
+            && let Ok(value) = seq.parse()
+        {
+            let key = if parts.metadata.contains_key("resume_from_seq") {
+                "resume-from-seq"
+            } else {
+                "oldest-seq"
+            };
+            status.metadata_mut().insert(key, value);
+        }
+        status
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> ApiError {
+        match err {
+            StoreError::SessionExists { id } => ApiError::SessionExists(id),
+            StoreError::SessionNotFound { id } => ApiError::SessionNotFound(id),
+            StoreError::StaleRevision {
+                session,
+                expected,
+                actual,
+            } => ApiError::StaleRevision {
+                session_id: session,
+                expected,
+                actual,
+            },
+            StoreError::Corrupt {
+                tree,
+                key,
+                session,
+                detail,
+            } => ApiError::Corrupt {
+                tree,
+                key,
+                session_id: session,
+                detail,
+            },
+            StoreError::MarkersTrimmed { from_seq, oldest } => ApiError::MarkerOutOfRange {
+                requested: from_seq,
+                oldest,
+            },
+            StoreError::Closed => ApiError::ShuttingDown {
+                resume_from_seq: None,
+            },
+            // Both mean the server built a write the store cannot take: a
+            // defect here, never the caller's input (validated before).
+            err @ (StoreError::InvalidSessionId { .. } | StoreError::InvalidWrite { .. }) => {
+                ApiError::Internal(err.to_string())
+            }
+            err @ (StoreError::UnsupportedFormat { .. }
+            | StoreError::Io(_)
+            | StoreError::Engine(_)) => ApiError::Storage(err.to_string()),
+        }
+    }
+}

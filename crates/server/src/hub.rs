@@ -1,0 +1,377 @@
+//! The marker hub: one fan-out point fed by the store's writer after each
+//! flushed batch, and the feed every subscriber reads through.
+//!
+//! The writer never blocks on a reader: it sends into a bounded broadcast
+//! ring. A subscriber that falls behind the ring is not dropped and does
+//! not lose markers: its feed goes back to the durable log from the first
+//! sequence it has not delivered, then rejoins the ring. Every subscriber
+//! therefore sees every marker `>= start`, in order, once.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use ctxbroker_core::Marker;
+use ctxbroker_store::Store;
+use tokio::sync::broadcast;
+
+use crate::error::ApiError;
+
+/// Markers held in the ring for subscribers that read slowly; past that,
+/// they read from the log.
+const RING: usize = 4096;
+/// Markers read from the log per step of a replay.
+const REPLAY_BATCH: usize = 256;
+
+/// The fan-out point.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    tx: broadcast::Sender<Arc<Marker>>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub::new()
+    }
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new() -> Self {
+        Hub::with_ring(RING)
+    }
+
+    /// A hub whose ring holds `ring` markers for slow subscribers.
+    pub fn with_ring(ring: usize) -> Self {
+        let (tx, _) = broadcast::channel(ring.max(1));
+        Hub { tx }
+    }
+
+    /// Publishes a flushed batch's markers, in sequence order. Never
+    /// blocks.
+    pub fn publish(&self, markers: &[Marker]) {
+        for marker in markers {
+            // No receivers is not an error: nobody is watching.
+            let _ = self.tx.send(Arc::new(marker.clone()));
+        }
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<Arc<Marker>> {
+        self.tx.subscribe()
+    }
+}
+
+/// What a feed yields.
+#[derive(Debug)]
+pub enum FeedEvent {
+    /// The next marker that matches the filter.
+    Marker(Arc<Marker>),
+    /// The replay from the log is done; every marker below this sequence
+    /// has been yielded (when it matched). Yielded once.
+    CaughtUp(u64),
+}
+
+/// Why a feed cannot go on.
+#[derive(Debug)]
+pub enum FeedEnd {
+    /// The next marker to deliver was trimmed by retention while the
+    /// subscriber lagged.
+    OutOfRange {
+        /// The first sequence not delivered.
+        next: u64,
+        /// The oldest sequence still retained.
+        oldest: u64,
+    },
+    /// The hub is gone (shutdown).
+    Closed {
+        /// The first sequence not delivered.
+        next: u64,
+    },
+    /// Reading the log failed.
+    Store(ApiError),
+}
+
+/// One subscriber's ordered, gapless view of the marker log.
+#[derive(Debug)]
+pub struct MarkerFeed {
+    store: Store,
+    rx: broadcast::Receiver<Arc<Marker>>,
+    /// The first sequence not yet yielded or skipped.
+    next: u64,
+    filter: Option<HashSet<String>>,
+    backlog: VecDeque<Arc<Marker>>,
+    /// False while the feed reads the log.
+    live: bool,
+    caught_up_sent: bool,
+}
+
+/// Where a feed starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedStart {
+    /// At this sequence (1 is the first marker ever).
+    Seq(u64),
+    /// At the oldest marker retained.
+    Oldest,
+    /// After the newest marker committed so far.
+    Now,
+}
+
+impl MarkerFeed {
+    /// Subscribes, then fixes the start: subscribing first means no marker
+    /// committed from now on can be missed between the log and the ring.
+    pub fn open(
+        hub: &Hub,
+        store: Store,
+        start: FeedStart,
+        filter: Option<HashSet<String>>,
+    ) -> Result<MarkerFeed, ApiError> {
+        let rx = hub.subscribe();
+        let bounds = store.marker_bounds();
+        let next = match start {
+            FeedStart::Seq(seq) => {
+                let seq = seq.max(1);
+                if seq < bounds.oldest {
+                    return Err(ApiError::MarkerOutOfRange {
+                        requested: seq,
+                        oldest: bounds.oldest,
+                    });
+                }
+                if seq > bounds.next {
+                    return Err(ApiError::InvalidArgument(vec![
+                        crate::error::BadField::new(
+                            "from_seq",
+                            format!(
+                                "is beyond the newest marker: the next sequence to be written is {}",
+                                bounds.next
+                            ),
+                        ),
+                    ]));
+                }
+                seq
+            }
+            FeedStart::Oldest => bounds.oldest,
+            FeedStart::Now => bounds.next,
+        };
+        Ok(MarkerFeed {
+            store,
+            rx,
+            next,
+            filter,
+            backlog: VecDeque::new(),
+            live: false,
+            caught_up_sent: false,
+        })
+    }
+
+    /// The first sequence this feed has not yielded: where a subscriber
+    /// resumes.
+    pub fn next_seq(&self) -> u64 {
+        self.backlog.front().map_or(self.next, |marker| marker.seq)
+    }
+
+    fn wanted(&self, marker: &Marker) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|ids| ids.contains(&marker.session_id))
+    }
+
+    /// Reads the log from `next` up to the committed head into the
+    /// backlog. Returns whether anything was read.
+    fn replay_step(&mut self) -> Result<bool, FeedEnd> {
+        let batch = self
+            .store
+            .markers(self.next, REPLAY_BATCH)
+            .map_err(|err| FeedEnd::Store(err.into()))?;
+        let Some(first) = batch.first() else {
+            return Ok(false);
+        };
+        if first.seq != self.next {
+            let oldest = self.store.marker_bounds().oldest;
+            return Err(FeedEnd::OutOfRange {
+                next: self.next,
+                oldest,
+            });
+        }
+        for marker in batch {
+            if marker.seq != self.next {
+                return Err(FeedEnd::Store(ApiError::Storage(format!(
+                    "marker log gap: expected {} found {}",
+                    self.next, marker.seq
+                ))));
+            }
+            self.next = marker.seq + 1;
+            if self.wanted(&marker) {
+                self.backlog.push_back(Arc::new(marker));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next event. Cancel-safe: all state lives in the feed and the
+    /// only await is the ring's `recv`.
+    pub async fn next_event(&mut self) -> Result<FeedEvent, FeedEnd> {
+        loop {
+            if let Some(marker) = self.backlog.pop_front() {
+                return Ok(FeedEvent::Marker(marker));
+            }
+            if !self.live {
+                if self.replay_step()? {
+                    continue;
+                }
+                self.live = true;
+                if !self.caught_up_sent {
+                    self.caught_up_sent = true;
+                    return Ok(FeedEvent::CaughtUp(self.next));
+                }
+                continue;
+            }
+            match self.rx.recv().await {
+                Ok(marker) => {
+                    if marker.seq < self.next {
+                        continue;
+                    }
+                    if marker.seq > self.next {
+                        // Something between is only in the log.
+                        self.live = false;
+                        continue;
+                    }
+                    self.next = marker.seq + 1;
+                    if self.wanted(&marker) {
+                        return Ok(FeedEvent::Marker(marker));
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => self.live = false,
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(FeedEnd::Closed { next: self.next });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Arc;
+
+    use ctxbroker_core::SessionConfig;
+    use ctxbroker_proto::v1 as pb;
+    use ctxbroker_store::{Store, StoreOptions};
+
+    use super::*;
+    use crate::broker::Broker;
+    use crate::config::Limits;
+
+    /// A broker over a temporary store whose commits feed `hub`.
+    fn broker(dir: &std::path::Path, hub: &Hub) -> Broker {
+        let publish = hub.clone();
+        let store = Store::open(
+            dir,
+            StoreOptions {
+                on_commit: Some(Arc::new(move |markers| publish.publish(markers))),
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        Broker::new(store, Limits::default())
+    }
+
+    /// Admits tool output until the session has written `n` markers.
+    async fn compactions(broker: &Broker, id: &str, n: u64) {
+        let mut turn = 0u64;
+        while broker.session(id).await.unwrap().marker_count < n {
+            turn += 1;
+            let text = format!("tool run {turn}: {}", "build output line ".repeat(12));
+            broker
+                .admit(
+                    id,
+                    vec![pb::SpanInput {
+                        role: pb::Role::Tool as i32,
+                        text,
+                        ..Default::default()
+                    }],
+                )
+                .await
+                .unwrap();
+        }
+    }
+
+    async fn next_marker(feed: &mut MarkerFeed) -> Arc<Marker> {
+        loop {
+            let event = tokio::time::timeout(std::time::Duration::from_secs(10), feed.next_event())
+                .await
+                .expect("an event within 10 s")
+                .unwrap();
+            if let FeedEvent::Marker(marker) = event {
+                return marker;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_lags_past_the_ring_gets_every_marker_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::with_ring(2);
+        let broker = broker(dir.path(), &hub);
+        broker
+            .create_session("lag", SessionConfig::with_window(400))
+            .await
+            .unwrap();
+        let mut feed =
+            MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Seq(1), None).unwrap();
+        // Caught up at once: nothing written yet.
+        assert!(matches!(
+            feed.next_event().await.unwrap(),
+            FeedEvent::CaughtUp(1)
+        ));
+
+        // Ten markers while the subscriber reads nothing: the ring of two
+        // overflows.
+        compactions(&broker, "lag", 10).await;
+        let mut seqs = Vec::new();
+        for _ in 0..10 {
+            seqs.push(next_marker(&mut feed).await.seq);
+        }
+        assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+
+        // And it carries on live afterwards.
+        compactions(&broker, "lag", 11).await;
+        assert_eq!(next_marker(&mut feed).await.seq, 11);
+        assert_eq!(feed.next_seq(), 12);
+    }
+
+    #[tokio::test]
+    async fn a_filtered_feed_skips_other_sessions_but_tracks_the_global_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::new();
+        let broker = broker(dir.path(), &hub);
+        for id in ["a", "b"] {
+            broker
+                .create_session(id, SessionConfig::with_window(400))
+                .await
+                .unwrap();
+        }
+        compactions(&broker, "a", 2).await;
+        compactions(&broker, "b", 1).await;
+        let filter = Some(std::collections::HashSet::from(["b".to_owned()]));
+        let mut feed =
+            MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Oldest, filter).unwrap();
+        let marker = next_marker(&mut feed).await;
+        assert_eq!((marker.seq, marker.session_id.as_str()), (3, "b"));
+        assert!(matches!(
+            feed.next_event().await.unwrap(),
+            FeedEvent::CaughtUp(4)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_start_past_the_head_is_refused_and_now_starts_at_the_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::new();
+        let broker = broker(dir.path(), &hub);
+        let past = MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Seq(5), None);
+        assert!(matches!(past, Err(ApiError::InvalidArgument(_))));
+        let now = MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Now, None).unwrap();
+        assert_eq!(now.next_seq(), 1);
+    }
+}

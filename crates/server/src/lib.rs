@@ -1,0 +1,30 @@
+#![doc = "ctxbroker's gRPC daemon: admission with per-session serialisation, the marker hub, configuration and an ordered shutdown."]
+//!
+//! This is the only crate that knows the wire contract, the policy and the
+//! store at once: it validates requests, converts between wire and domain
+//! types, serialises each session's requests, hands commits to the store's
+//! single writer and publishes markers once they are durable.
+
+pub mod broker;
+pub mod config;
+pub mod convert;
+pub mod error;
+pub mod hub;
+pub mod server;
+pub mod service;
+pub mod sessions;
+pub mod validate;
+
+pub use config::{Cli, Settings};
+pub use server::{ServerError, listen, main_with_args, run};
+
+/// What the binary was built from, for `GetServerInfo`.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildInfo {
+    /// The package version.
+    pub version: &'static str,
+    /// The git commit ("unknown" outside a checkout).
+    pub git_commit: &'static str,
+    /// SHA-256 of the `.proto` files.
+    pub contract_digest: &'static str,
+}

@@ -1,0 +1,319 @@
+//! Assembling and running the daemon: the store, the services (broker,
+//! health, reflection v1 and v1alpha), and an ordered, bounded shutdown.
+//!
+//! `main` and every test run exactly this code, on a listener the caller
+//! bound.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use ctxbroker_core::config::TokenizerKind;
+use ctxbroker_core::tokens;
+use ctxbroker_proto::v1::context_broker_server::ContextBrokerServer;
+use ctxbroker_store::{Store, StoreOptions};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tracing::{error, info, warn};
+
+use crate::BuildInfo;
+use crate::broker::Broker;
+use crate::config::{Cli, Durability, Listen, LogFormat, Settings};
+use crate::hub::Hub;
+use crate::service::BrokerService;
+
+/// Why the daemon could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The settings are invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The store could not be opened or closed.
+    #[error("storage: {0}")]
+    Store(#[from] ctxbroker_store::StoreError),
+    /// The listening socket could not be set up.
+    #[error("cannot listen: {0}")]
+    Listen(std::io::Error),
+    /// The reflection service could not be built from the descriptors.
+    #[error("reflection: {0}")]
+    Reflection(String),
+    /// The gRPC server failed.
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Parses the command line, sets up logging and runs the daemon until
+/// SIGINT or SIGTERM. A second signal exits at once.
+pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Prints help and version too, with their exit codes.
+            let _ = err.print();
+            return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
+        }
+    };
+    let settings = match cli.resolve() {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("ctxbrokerd: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&settings);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ctxbroker")
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            error!(%err, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let listener = listen(&settings.listen).await?;
+        run(settings, listener, build, shutdown_signal()).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            error!(%err, "ctxbrokerd stopped");
+            eprintln!("ctxbrokerd: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(settings: &Settings) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_new(&settings.log_filter).unwrap_or_else(|err| {
+        eprintln!(
+            "ctxbrokerd: invalid log filter {:?} ({err}); using info",
+            settings.log_filter
+        );
+        EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match settings.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Resolves on the first SIGINT or SIGTERM; a second one exits the process
+/// at once.
+async fn shutdown_signal() {
+    wait_for_signal().await;
+    info!("shutdown requested; a second signal exits at once");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(err) => {
+                warn!(%err, "cannot watch SIGTERM; only SIGINT stops the daemon");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The listening socket: bound here, or inherited (`--listen-fd`, or
+/// systemd's `LISTEN_FDS` protocol when no address was given).
+pub async fn listen(listen: &Listen) -> Result<TcpListener, ServerError> {
+    match listen {
+        Listen::Fd(fd) => inherited(*fd),
+        Listen::Addr(addr) => match systemd_fd() {
+            Some(fd) => inherited(fd),
+            None => TcpListener::bind(addr).await.map_err(ServerError::Listen),
+        },
+    }
+}
+
+/// fd 3 when systemd passed exactly one socket to this very process.
+fn systemd_fd() -> Option<i32> {
+    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+    let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    (pid == std::process::id() && fds == 1).then_some(3)
+}
+
+#[cfg(unix)]
+fn inherited(fd: i32) -> Result<TcpListener, ServerError> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the caller handed this descriptor to the process to own (it
+    // said so with --listen-fd or LISTEN_FDS); nothing else in the process
+    // uses it. A descriptor that is not a listening TCP socket fails the
+    // checks below instead of being served.
+    #[allow(unsafe_code)]
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    listener.local_addr().map_err(|err| {
+        ServerError::Listen(std::io::Error::new(
+            err.kind(),
+            format!("fd {fd} is not a bound socket: {err}"),
+        ))
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(ServerError::Listen)?;
+    TcpListener::from_std(listener).map_err(ServerError::Listen)
+}
+
+#[cfg(not(unix))]
+fn inherited(fd: i32) -> Result<TcpListener, ServerError> {
+    Err(ServerError::Listen(std::io::Error::other(format!(
+        "inheriting fd {fd} is only supported on unix"
+    ))))
+}
+
+/// Runs the daemon on `listener` until `shutdown` resolves, then shuts down
+/// in order: health NOT_SERVING, every stream ended with a resumable
+/// status, in-flight requests drained (at most `shutdown_grace`), the store
+/// flushed and closed.
+pub async fn run(
+    settings: Settings,
+    listener: TcpListener,
+    build: BuildInfo,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let hub = Hub::new();
+    let publish = hub.clone();
+    let options = StoreOptions {
+        durability: match settings.durability {
+            Durability::Flush => ctxbroker_store::Durability::Flush,
+            Durability::Relaxed => ctxbroker_store::Durability::Relaxed,
+        },
+        marker_retention: settings.limits.marker_retention,
+        on_commit: Some(Arc::new(move |markers| publish.publish(markers))),
+        ..StoreOptions::default()
+    };
+    let data_dir = settings.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, options))
+        .await
+        .map_err(|err| ServerError::Store(ctxbroker_store::StoreError::Io(err.to_string())))??;
+    let bounds = store.marker_bounds();
+    info!(
+        data_dir = %settings.data_dir.display(),
+        sessions = store.session_count(),
+        next_marker_seq = bounds.next,
+        oldest_marker_seq = bounds.oldest,
+        durability = ?settings.durability,
+        "store open"
+    );
+
+    // Build the tables off the request path; the first admission waits
+    // only if it comes before they are ready.
+    tokio::task::spawn_blocking(|| {
+        tokens::warm_up(TokenizerKind::O200kBase);
+        tokens::warm_up(TokenizerKind::Cl100kBase);
+    });
+
+    let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
+    let streams_end = CancellationToken::new();
+    let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ContextBrokerServer<BrokerService>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ctxbroker_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|err| ServerError::Reflection(err.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ctxbroker_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|err| ServerError::Reflection(err.to_string()))?;
+
+    let broker_service = ContextBrokerServer::new(service)
+        .max_decoding_message_size(settings.limits.max_request_bytes)
+        .max_encoding_message_size(usize::MAX);
+
+    let local = listener.local_addr().map_err(ServerError::Listen)?;
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+
+    // The serve loop stops accepting once `stop_serving` fires.
+    let stop_serving = CancellationToken::new();
+    let signalled = CancellationToken::new();
+    {
+        let health = health.clone();
+        let streams_end = streams_end.clone();
+        let stop_serving = stop_serving.clone();
+        let signalled = signalled.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            signalled.cancel();
+            health
+                .set_not_serving::<ContextBrokerServer<BrokerService>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            // Streams first: tonic's graceful shutdown waits for them.
+            streams_end.cancel();
+            stop_serving.cancel();
+        });
+    }
+
+    info!(%local, version = build.version, commit = build.git_commit, "serving");
+    let serve = Server::builder()
+        .timeout(settings.request_timeout)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(broker_service)
+        .serve_with_incoming_shutdown(incoming, stop_serving.clone().cancelled_owned());
+    tokio::pin!(serve);
+
+    let grace = settings.shutdown_grace;
+    let served = tokio::select! {
+        result = &mut serve => result,
+        () = async {
+            signalled.cancelled().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            warn!(grace_ms = grace.as_millis() as u64, "drain deadline passed; closing open connections");
+            Ok(())
+        }
+    };
+    // The serve loop may end on its own (transport error): end the streams
+    // in any case.
+    streams_end.cancel();
+
+    let closing = store.clone();
+    let closed = tokio::task::spawn_blocking(move || closing.close())
+        .await
+        .map_err(|err| ServerError::Store(ctxbroker_store::StoreError::Io(err.to_string())))?;
+    info!("store flushed and closed");
+    served?;
+    closed?;
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,616 @@
+//! The `ctxbroker.v1.ContextBroker` service: validates requests, converts
+//! between wire and domain, and runs the streams.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use ctxbroker_core::trigger;
+use ctxbroker_proto::v1 as pb;
+use ctxbroker_proto::v1::context_broker_server::ContextBroker;
+use ctxbroker_store::SpanState;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::debug;
+
+use crate::BuildInfo;
+use crate::broker::{Admitted, SharedBroker, now_ms};
+use crate::config::Durability;
+use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb};
+use crate::error::{ApiError, BadField};
+use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
+use crate::validate;
+
+/// Replies buffered per stream before the stream's task waits for the
+/// client to read.
+const STREAM_BUFFER: usize = 64;
+/// Own markers remembered per admit stream, to keep them out of the inline
+/// feed (they are already in the replies).
+const OWN_MARKERS: usize = 1024;
+/// The default and largest ListSessions page.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// The service, cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BrokerService {
+    broker: SharedBroker,
+    hub: Hub,
+    streams: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    build: BuildInfo,
+    started_at_ms: u64,
+    durability: Durability,
+}
+
+impl BrokerService {
+    /// A service over a broker. `shutdown` ends every stream it serves.
+    pub fn new(
+        broker: SharedBroker,
+        hub: Hub,
+        shutdown: CancellationToken,
+        build: BuildInfo,
+        durability: Durability,
+    ) -> Self {
+        let streams = Arc::new(Semaphore::new(broker.limits().max_concurrent_streams));
+        BrokerService {
+            broker,
+            hub,
+            streams,
+            shutdown,
+            build,
+            started_at_ms: now_ms(),
+            durability,
+        }
+    }
+
+    fn stream_permit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        if self.shutdown.is_cancelled() {
+            return Err(ApiError::ShuttingDown {
+                resume_from_seq: None,
+            });
+        }
+        self.streams
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::StreamLimit {
+                max: self.broker.limits().max_concurrent_streams,
+            })
+    }
+
+    fn check_id(&self, field: &str, id: &str) -> Result<(), ApiError> {
+        validate::session_id(field, id, self.broker.limits()).map_err(validate::single)
+    }
+
+    async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
+        let mut bad = Vec::new();
+        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
+            bad.push(b);
+        }
+        validate::turn_shape(&req.spans, self.broker.limits(), &mut bad);
+        validate::finish(bad)?;
+        let admitted = self.broker.admit(&req.session_id, req.spans).await?;
+        Ok(admit_response(admitted))
+    }
+}
+
+fn admit_response(admitted: Admitted) -> pb::AdmitResponse {
+    pb::AdmitResponse {
+        spans: admitted
+            .spans
+            .iter()
+            .map(|s| span_to_pb(s, SpanState::Live, 0.0))
+            .collect(),
+        compaction: admitted.marker.as_ref().map(marker_to_pb),
+        totals: Some(totals_to_pb(&admitted.record)),
+        revision: admitted.record.revision,
+        turn: admitted.record.turns,
+    }
+}
+
+/// Sends on a stream's channel unless shutdown comes first. False when the
+/// stream should end.
+async fn send<T>(
+    out: &mpsc::Sender<Result<T, Status>>,
+    item: Result<T, Status>,
+    shutdown: &CancellationToken,
+) -> bool {
+    tokio::select! {
+        biased;
+        sent = out.send(item) => sent.is_ok(),
+        () = shutdown.cancelled() => false,
+    }
+}
+
+fn feed_end_status(end: FeedEnd) -> Status {
+    match end {
+        FeedEnd::OutOfRange { next, oldest } => ApiError::MarkerOutOfRange {
+            requested: next,
+            oldest,
+        }
+        .into(),
+        FeedEnd::Closed { next } => ApiError::ShuttingDown {
+            resume_from_seq: Some(next),
+        }
+        .into(),
+        FeedEnd::Store(err) => err.into(),
+    }
+}
+
+#[tonic::async_trait]
+impl ContextBroker for BrokerService {
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, Status> {
+        let req = request.into_inner();
+        let mut bad = Vec::new();
+        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
+            bad.push(b);
+        }
+        let config = match validate::create_config(req.config.as_ref(), self.broker.limits()) {
+            Ok(config) => Some(config),
+            Err(ApiError::InvalidArgument(more)) => {
+                bad.extend(more);
+                None
+            }
+            Err(other) => return Err(other.into()),
+        };
+        validate::finish(bad)?;
+        let Some(config) = config else {
+            return Err(
+                ApiError::InvalidArgument(vec![BadField::new("config", "is invalid")]).into(),
+            );
+        };
+        let record = self.broker.create_session(&req.session_id, config).await?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            session: Some(session_to_pb(&record)),
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::GetSessionResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let record = self.broker.session(&req.session_id).await?;
+        Ok(Response::new(pb::GetSessionResponse {
+            session: Some(session_to_pb(&record)),
+        }))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let req = request.into_inner();
+        let page = match req.page_size as usize {
+            0 => DEFAULT_PAGE,
+            n if n > MAX_PAGE => {
+                return Err(validate::single(BadField::new(
+                    "page_size",
+                    format!("must be at most {MAX_PAGE}; got {n}"),
+                ))
+                .into());
+            }
+            n => n,
+        };
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            validate::session_id("page_token", &req.page_token, self.broker.limits()).map_err(
+                |_| {
+                    validate::single(BadField::new(
+                        "page_token",
+                        "is not a token returned by ListSessions",
+                    ))
+                },
+            )?;
+            Some(req.page_token.as_str())
+        };
+        let mut records = self.broker.list_sessions(after, page + 1)?;
+        let next_page_token = if records.len() > page {
+            records.truncate(page);
+            records.last().map(|r| r.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: records.iter().map(session_to_pb).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn update_session(
+        &self,
+        request: Request<pb::UpdateSessionRequest>,
+    ) -> Result<Response<pb::UpdateSessionResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let Some(patch) = req.config else {
+            return Err(validate::single(BadField::new(
+                "config",
+                "is required: the fields to change",
+            ))
+            .into());
+        };
+        let record = self.broker.update_session(&req.session_id, &patch).await?;
+        Ok(Response::new(pb::UpdateSessionResponse {
+            session: Some(session_to_pb(&record)),
+        }))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let spans_deleted = self.broker.delete_session(&req.session_id).await?;
+        Ok(Response::new(pb::DeleteSessionResponse { spans_deleted }))
+    }
+
+    async fn admit(
+        &self,
+        request: Request<pb::AdmitRequest>,
+    ) -> Result<Response<pb::AdmitResponse>, Status> {
+        let reply = self.admit_one(request.into_inner()).await?;
+        Ok(Response::new(reply))
+    }
+
+    type AdmitStreamStream = ReceiverStream<Result<pb::AdmitStreamResponse, Status>>;
+
+    async fn admit_stream(
+        &self,
+        request: Request<Streaming<pb::AdmitStreamRequest>>,
+    ) -> Result<Response<Self::AdmitStreamStream>, Status> {
+        let permit = self.stream_permit()?;
+        let mut inbound = request.into_inner();
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let service = self.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let shutdown = service.shutdown.clone();
+            let mut bound: Option<String> = None;
+            let mut feed: Option<MarkerFeed> = None;
+            let mut own: VecDeque<u64> = VecDeque::new();
+            loop {
+                let inline = async {
+                    match feed.as_mut() {
+                        Some(feed) => feed.next_event().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => {
+                        let status: Status = ApiError::ShuttingDown { resume_from_seq: None }.into();
+                        let _ = out.try_send(Err(status));
+                        break;
+                    }
+                    message = inbound.message() => {
+                        let req = match message {
+                            Ok(Some(req)) => req,
+                            Ok(None) => break,
+                            Err(status) => {
+                                debug!(%status, "admit stream ended by the client");
+                                break;
+                            }
+                        };
+                        let request_id = req.request_id;
+                        let mut admit = req.admit.unwrap_or_default();
+                        let event = match &bound {
+                            Some(id) if !admit.session_id.is_empty() && &admit.session_id != id => {
+                                Err(validate::single(BadField::new(
+                                    "admit.session_id",
+                                    format!("this stream is bound to session {id:?}"),
+                                )))
+                            }
+                            _ => {
+                                if let Some(id) = &bound {
+                                    admit.session_id.clone_from(id);
+                                }
+                                service.admit_one(admit.clone()).await
+                            }
+                        };
+                        let event = match event {
+                            Ok(reply) => {
+                                if bound.is_none() {
+                                    bound = Some(admit.session_id.clone());
+                                    let filter = HashSet::from([admit.session_id.clone()]);
+                                    // Markers from here on; this turn's own is in the reply.
+                                    feed = MarkerFeed::open(
+                                        &service.hub,
+                                        service.broker.store().clone(),
+                                        FeedStart::Now,
+                                        Some(filter),
+                                    )
+                                    .ok();
+                                }
+                                if let Some(marker) = &reply.compaction {
+                                    own.push_back(marker.seq);
+                                }
+                                pb::admit_stream_response::Event::Admitted(reply)
+                            }
+                            Err(err) => {
+                                if let ApiError::Escalation(esc) = &err {
+                                    own.push_back(esc.marker_seq);
+                                }
+                                pb::admit_stream_response::Event::Error(err.to_turn_error())
+                            }
+                        };
+                        while own.len() > OWN_MARKERS {
+                            own.pop_front();
+                        }
+                        let reply = pb::AdmitStreamResponse { request_id, event: Some(event) };
+                        if !send(&out, Ok(reply), &shutdown).await {
+                            break;
+                        }
+                    }
+                    event = inline => {
+                        match event {
+                            Ok(FeedEvent::Marker(marker)) => {
+                                if let Some(at) = own.iter().position(|&seq| seq == marker.seq) {
+                                    own.remove(at);
+                                    continue;
+                                }
+                                let reply = pb::AdmitStreamResponse {
+                                    request_id: 0,
+                                    event: Some(pb::admit_stream_response::Event::Marker(marker_to_pb(&marker))),
+                                };
+                                if !send(&out, Ok(reply), &shutdown).await {
+                                    break;
+                                }
+                            }
+                            Ok(FeedEvent::CaughtUp(_)) => {}
+                            Err(end) => {
+                                let _ = out.try_send(Err(feed_end_status(end)));
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn get_context(
+        &self,
+        request: Request<pb::GetContextRequest>,
+    ) -> Result<Response<pb::GetContextResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let (record, spans) = self.broker.context(&req.session_id).await?;
+        Ok(Response::new(pb::GetContextResponse {
+            spans: spans
+                .iter()
+                .map(|(span, relevance)| span_to_pb(span, SpanState::Live, *relevance))
+                .collect(),
+            totals: Some(totals_to_pb(&record)),
+            revision: record.revision,
+            turn: record.turns,
+        }))
+    }
+
+    async fn get_span(
+        &self,
+        request: Request<pb::GetSpanRequest>,
+    ) -> Result<Response<pb::GetSpanResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let stored = self.broker.span(&req.session_id, req.span_id).await?;
+        Ok(Response::new(pb::GetSpanResponse {
+            span: Some(span_to_pb(&stored.span, stored.state, 0.0)),
+        }))
+    }
+
+    async fn plan_compaction(
+        &self,
+        _request: Request<pb::PlanCompactionRequest>,
+    ) -> Result<Response<pb::PlanCompactionResponse>, Status> {
+        Err(ApiError::NotImplemented {
+            rpc: "PlanCompaction",
+            missing: "caller-driven compaction (plan, then commit) is not served by this build; compaction runs at admission",
+        }
+        .into())
+    }
+
+    async fn commit_compaction(
+        &self,
+        _request: Request<pb::CommitCompactionRequest>,
+    ) -> Result<Response<pb::CommitCompactionResponse>, Status> {
+        Err(ApiError::NotImplemented {
+            rpc: "CommitCompaction",
+            missing: "caller-driven compaction (plan, then commit) is not served by this build; compaction runs at admission",
+        }
+        .into())
+    }
+
+    async fn pin(
+        &self,
+        _request: Request<pb::PinRequest>,
+    ) -> Result<Response<pb::PinResponse>, Status> {
+        Err(ApiError::NotImplemented {
+            rpc: "Pin",
+            missing: "pinning an admitted span is not served by this build; admit the span with span_class CONSTRAINT",
+        }
+        .into())
+    }
+
+    async fn unpin(
+        &self,
+        _request: Request<pb::UnpinRequest>,
+    ) -> Result<Response<pb::UnpinResponse>, Status> {
+        Err(ApiError::NotImplemented {
+            rpc: "Unpin",
+            missing: "releasing a constraint (with its UNPIN marker) is not served by this build",
+        }
+        .into())
+    }
+
+    type WatchCompactionsStream = ReceiverStream<Result<pb::WatchCompactionsResponse, Status>>;
+
+    async fn watch_compactions(
+        &self,
+        request: Request<pb::WatchCompactionsRequest>,
+    ) -> Result<Response<Self::WatchCompactionsStream>, Status> {
+        let req = request.into_inner();
+        let limits = self.broker.limits();
+        let mut bad = Vec::new();
+        if req.session_ids.len() > limits.max_watch_sessions {
+            bad.push(BadField::new(
+                "session_ids",
+                format!(
+                    "must hold at most {} ids; got {}",
+                    limits.max_watch_sessions,
+                    req.session_ids.len()
+                ),
+            ));
+        } else {
+            for (i, id) in req.session_ids.iter().enumerate() {
+                if let Err(b) = validate::session_id(&format!("session_ids[{i}]"), id, limits) {
+                    bad.push(b);
+                }
+            }
+        }
+        let start = match pb::WatchStart::try_from(req.start) {
+            Ok(pb::WatchStart::Unspecified | pb::WatchStart::FromSeq) => {
+                FeedStart::Seq(req.from_seq)
+            }
+            Ok(pb::WatchStart::Oldest) => FeedStart::Oldest,
+            Ok(pb::WatchStart::Now) => FeedStart::Now,
+            Err(_) => {
+                bad.push(BadField::new(
+                    "start",
+                    format!("unknown enum value {}", req.start),
+                ));
+                FeedStart::Now
+            }
+        };
+        validate::finish(bad)?;
+        let permit = self.stream_permit()?;
+        let filter = (!req.session_ids.is_empty())
+            .then(|| req.session_ids.iter().cloned().collect::<HashSet<_>>());
+        let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?;
+        let (out, rx) = mpsc::channel(STREAM_BUFFER);
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            loop {
+                let event = tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => {
+                        let status: Status = ApiError::ShuttingDown {
+                            resume_from_seq: Some(feed.next_seq()),
+                        }
+                        .into();
+                        let _ = out.try_send(Err(status));
+                        break;
+                    }
+                    () = out.closed() => break,
+                    event = feed.next_event() => event,
+                };
+                // Where to resume if this event does not reach the client.
+                let (item, undelivered) = match event {
+                    Ok(FeedEvent::Marker(marker)) => (
+                        pb::watch_compactions_response::Event::Marker(marker_to_pb(&marker)),
+                        marker.seq,
+                    ),
+                    Ok(FeedEvent::CaughtUp(next_seq)) => (
+                        pb::watch_compactions_response::Event::CaughtUp(pb::CaughtUp { next_seq }),
+                        feed.next_seq(),
+                    ),
+                    Err(end) => {
+                        let _ = out.try_send(Err(feed_end_status(end)));
+                        break;
+                    }
+                };
+                let item = pb::WatchCompactionsResponse { event: Some(item) };
+                if !send(&out, Ok(item), &shutdown).await {
+                    if shutdown.is_cancelled() {
+                        let status: Status = ApiError::ShuttingDown {
+                            resume_from_seq: Some(undelivered),
+                        }
+                        .into();
+                        // A client too slow to take this learns where to
+                        // resume from the last marker it did receive.
+                        let _ = out.try_send(Err(status));
+                    }
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn select_trigger(
+        &self,
+        request: Request<pb::SelectTriggerRequest>,
+    ) -> Result<Response<pb::SelectTriggerResponse>, Status> {
+        let req = request.into_inner();
+        let Some(w) = req.workload else {
+            return Err(validate::single(BadField::new("workload", "is required")).into());
+        };
+        let mut bad = Vec::new();
+        if w.window_tokens == 0 {
+            bad.push(BadField::new(
+                "workload.window_tokens",
+                "must be greater than 0",
+            ));
+        }
+        if !(w.alpha > 0.0 && w.alpha < 1.0) {
+            bad.push(BadField::new(
+                "workload.alpha",
+                format!("must be in the open interval (0, 1); got {}", w.alpha),
+            ));
+        }
+        validate::finish(bad)?;
+        let assessment = trigger::assess(&convert::workload_from_pb(&w));
+        Ok(Response::new(pb::SelectTriggerResponse {
+            recommended: convert::trigger_to_pb(assessment.recommended) as i32,
+            time_based_sound: assessment.time_based_sound,
+            headroom_tokens: assessment.headroom_tokens,
+            reasons: assessment.reasons,
+        }))
+    }
+
+    async fn get_server_info(
+        &self,
+        _request: Request<pb::GetServerInfoRequest>,
+    ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
+        let limits = self.broker.limits();
+        let bounds = self.broker.store().marker_bounds();
+        let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Ok(Response::new(pb::GetServerInfoResponse {
+            version: self.build.version.to_owned(),
+            git_commit: self.build.git_commit.to_owned(),
+            contract_digest: self.build.contract_digest.to_owned(),
+            limits: Some(pb::ServerLimits {
+                max_request_bytes: saturate(limits.max_request_bytes),
+                max_spans_per_turn: saturate(limits.max_spans_per_turn),
+                max_span_bytes: saturate(limits.max_span_bytes),
+                max_sessions: u32::try_from(limits.max_sessions).unwrap_or(u32::MAX),
+                max_session_id_bytes: saturate(limits.max_session_id_bytes),
+                max_window_tokens: limits.max_window_tokens,
+                max_concurrent_streams: saturate(limits.max_concurrent_streams),
+                marker_retention: limits.marker_retention,
+            }),
+            tokenizers: vec![
+                pb::TokenizerKind::O200kBase as i32,
+                pb::TokenizerKind::Cl100kBase as i32,
+                pb::TokenizerKind::Client as i32,
+            ],
+            started_at: Some(convert::timestamp(self.started_at_ms)),
+            durability: match self.durability {
+                Durability::Flush => "flush",
+                Durability::Relaxed => "relaxed",
+            }
+            .to_owned(),
+            next_marker_seq: bounds.next,
+            oldest_marker_seq: bounds.oldest,
+        }))
+    }
+}

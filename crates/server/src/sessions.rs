@@ -1,0 +1,139 @@
+//! The registry of sessions held in memory, and per-session serialisation:
+//! one async mutex per session, so that a session's requests take turns
+//! while sessions proceed in parallel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ctxbroker_core::Span;
+use ctxbroker_store::{SessionRecord, Store};
+use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use crate::error::ApiError;
+
+/// A session as the server holds it between requests: the stored record and
+/// the live context in prompt order, mirroring what the store holds.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The record, as last acknowledged by the store.
+    pub record: SessionRecord,
+    /// The live spans, in prompt order.
+    pub spans: Vec<Span>,
+    /// Set when a write failed and memory may differ from disk: the next
+    /// request reloads from the store.
+    pub stale: bool,
+    /// Set when the session was deleted: holders of the old slot retry with
+    /// a fresh one.
+    pub gone: bool,
+}
+
+type Slot = Arc<AsyncMutex<Option<Loaded>>>;
+
+/// The session's turn: while it is held, no other request of the same
+/// session runs.
+pub type SessionGuard = OwnedMappedMutexGuard<Option<Loaded>, Loaded>;
+
+/// The sessions held in memory, loaded on first use.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    slots: Mutex<HashMap<String, Slot>>,
+}
+
+impl Sessions {
+    fn slot(&self, id: &str) -> Slot {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slots
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(AsyncMutex::new(None)))
+            .clone()
+    }
+
+    fn forget(&self, id: &str, slot: &Slot) {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slots.get(id).is_some_and(|held| Arc::ptr_eq(held, slot)) {
+            slots.remove(id);
+        }
+    }
+
+    /// Waits for the session's turn and returns it, loading the session from
+    /// the store if it is not in memory. NotFound when it does not exist.
+    pub async fn lock(&self, store: &Store, id: &str) -> Result<SessionGuard, ApiError> {
+        loop {
+            let slot = self.slot(id);
+            let mut guard = slot.clone().lock_owned().await;
+            if guard.as_ref().is_some_and(|l| l.gone) {
+                // Deleted while we waited: the registry already holds (or
+                // will create) a fresh slot for the id.
+                drop(guard);
+                self.forget(id, &slot);
+                continue;
+            }
+            if guard.as_ref().is_none_or(|l| l.stale) {
+                match load(store, id)? {
+                    Some(loaded) => *guard = Some(loaded),
+                    None => {
+                        *guard = None;
+                        drop(guard);
+                        self.forget(id, &slot);
+                        return Err(ApiError::SessionNotFound(id.to_owned()));
+                    }
+                }
+            }
+            return OwnedMutexGuard::try_map(guard, Option::as_mut)
+                .map_err(|_| ApiError::SessionNotFound(id.to_owned()));
+        }
+    }
+
+    /// Waits for the turn of an id that may not exist yet, for creation.
+    /// Returns the raw slot guard: `None` inside when no session is held
+    /// in memory (the store decides whether it exists).
+    pub async fn lock_for_create(&self, id: &str) -> OwnedMutexGuard<Option<Loaded>> {
+        loop {
+            let slot = self.slot(id);
+            let guard = slot.clone().lock_owned().await;
+            if guard.as_ref().is_some_and(|l| l.gone) {
+                drop(guard);
+                self.forget(id, &slot);
+                continue;
+            }
+            return guard;
+        }
+    }
+
+    /// Marks a locked session deleted and drops it from the registry.
+    pub fn remove(&self, id: &str, guard: &mut SessionGuard) {
+        guard.gone = true;
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slots.remove(id);
+    }
+
+    /// How many sessions are held in memory.
+    pub fn resident(&self) -> usize {
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .len()
+    }
+}
+
+fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
+    let Some(record) = store.session(id)? else {
+        return Ok(None);
+    };
+    let spans = store.live_spans(id)?;
+    Ok(Some(Loaded {
+        record,
+        spans,
+        stale: false,
+        gone: false,
+    }))
+}

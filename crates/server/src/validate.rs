@@ -1,0 +1,523 @@
+//! Request validation. Every check names the field and the limit; a request
+//! with any bad field changes nothing.
+
+use ctxbroker_core::config::{
+    AnchorPolicy, ClassifierMode, SessionConfig, SessionMode, TokenizerKind, TriggerPolicy,
+};
+use ctxbroker_core::trigger;
+use ctxbroker_proto::v1 as pb;
+
+use crate::config::Limits;
+use crate::convert::workload_from_pb;
+use crate::error::{ApiError, BadField};
+
+/// Checks a session id: 1 to `max_session_id_bytes` bytes of
+/// `[A-Za-z0-9._:-]`. The character set keeps ids safe in logs, metrics
+/// labels, URLs and routing headers.
+pub fn session_id(field: &str, id: &str, limits: &Limits) -> Result<(), BadField> {
+    if id.is_empty() {
+        return Err(BadField::new(field, "must not be empty"));
+    }
+    if id.len() > limits.max_session_id_bytes {
+        return Err(BadField::new(
+            field,
+            format!(
+                "must be at most {} bytes; got {}",
+                limits.max_session_id_bytes,
+                id.len()
+            ),
+        ));
+    }
+    if let Some(bad) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(BadField::new(
+            field,
+            format!("may only contain A-Z, a-z, 0-9, '.', '_', ':' and '-'; found {bad:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Turns a single bad field into the request's error.
+pub fn single(bad: BadField) -> ApiError {
+    ApiError::InvalidArgument(vec![bad])
+}
+
+/// Fails with every collected bad field, if any.
+pub fn finish(bad: Vec<BadField>) -> Result<(), ApiError> {
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidArgument(bad))
+    }
+}
+
+/// The configuration of a new session: the request's fields over the
+/// defaults. `window_tokens` is required.
+pub fn create_config(
+    config: Option<&pb::SessionConfig>,
+    limits: &Limits,
+) -> Result<SessionConfig, ApiError> {
+    let Some(config) = config else {
+        return Err(single(BadField::new(
+            "config",
+            "is required: window_tokens has no default",
+        )));
+    };
+    let Some(window) = config.window_tokens else {
+        return Err(single(BadField::new(
+            "config.window_tokens",
+            "is required (the model's context window in tokens)",
+        )));
+    };
+    let base = SessionConfig::with_window(window);
+    merge(base, config, limits, true)
+}
+
+/// The configuration after an update: the request's set fields over the
+/// current configuration.
+pub fn update_config(
+    current: &SessionConfig,
+    patch: &pb::SessionConfig,
+    limits: &Limits,
+) -> Result<SessionConfig, ApiError> {
+    merge(current.clone(), patch, limits, false)
+}
+
+fn enum_value<E: TryFrom<i32>>(field: &str, value: i32, bad: &mut Vec<BadField>) -> Option<E> {
+    match E::try_from(value) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            bad.push(BadField::new(field, format!("unknown enum value {value}")));
+            None
+        }
+    }
+}
+
+fn merge(
+    mut c: SessionConfig,
+    p: &pb::SessionConfig,
+    limits: &Limits,
+    creating: bool,
+) -> Result<SessionConfig, ApiError> {
+    let mut bad = Vec::new();
+    if let Some(w) = p.window_tokens {
+        c.window_tokens = w;
+    }
+    if let Some(a) = p.alpha {
+        c.alpha = a;
+    }
+    if let Some(s) = p.soft_watermark {
+        c.soft_watermark = s;
+    }
+    if let Some(o) = p.reserved_overhead_tokens {
+        c.reserved_overhead_tokens = o;
+    }
+    if let Some(f) = p.relevance_floor {
+        c.relevance_floor = f;
+    }
+    if let Some(s) = p.staleness_interval_ms {
+        c.staleness_interval_ms = s;
+    }
+    if let Some(g) = p.max_summary_generations {
+        c.max_summary_generations = g;
+    }
+    if let Some(m) = p.summary_max_tokens {
+        c.summary_max_tokens = m;
+    }
+    match enum_value::<pb::TriggerPolicy>("config.trigger", p.trigger, &mut bad) {
+        Some(pb::TriggerPolicy::Unspecified) | None => {}
+        Some(pb::TriggerPolicy::TokenBudget) => c.trigger = TriggerPolicy::TokenBudget,
+        Some(pb::TriggerPolicy::Hybrid) => c.trigger = TriggerPolicy::Hybrid,
+        Some(pb::TriggerPolicy::TimeBased) => c.trigger = TriggerPolicy::TimeBased,
+    }
+    let tokenizer = match enum_value::<pb::TokenizerKind>("config.tokenizer", p.tokenizer, &mut bad)
+    {
+        Some(pb::TokenizerKind::Unspecified) | None => None,
+        Some(pb::TokenizerKind::O200kBase) => Some(TokenizerKind::O200kBase),
+        Some(pb::TokenizerKind::Cl100kBase) => Some(TokenizerKind::Cl100kBase),
+        Some(pb::TokenizerKind::Client) => Some(TokenizerKind::Client),
+    };
+    if let Some(kind) = tokenizer {
+        if creating {
+            c.tokenizer = kind;
+        } else if kind != c.tokenizer {
+            bad.push(BadField::new(
+                "config.tokenizer",
+                "cannot change after the session is created: every stored count is in the original tokenizer",
+            ));
+        }
+    }
+    match enum_value::<pb::ClassifierMode>("config.classifier", p.classifier, &mut bad) {
+        Some(pb::ClassifierMode::Unspecified) | None => {}
+        Some(pb::ClassifierMode::Rules) => c.classifier = ClassifierMode::Rules,
+        Some(pb::ClassifierMode::CallerOnly) => c.classifier = ClassifierMode::CallerOnly,
+    }
+    match enum_value::<pb::AnchorPolicy>("config.anchor_policy", p.anchor_policy, &mut bad) {
+        Some(pb::AnchorPolicy::Unspecified) | None => {}
+        Some(pb::AnchorPolicy::Require) => c.anchor_policy = AnchorPolicy::Require,
+        Some(pb::AnchorPolicy::Warn) => c.anchor_policy = AnchorPolicy::Warn,
+    }
+    match enum_value::<pb::SessionMode>("config.mode", p.mode, &mut bad) {
+        Some(pb::SessionMode::Unspecified) | None => {}
+        Some(pb::SessionMode::Auto) => c.mode = SessionMode::Auto,
+        Some(pb::SessionMode::Approval) => c.mode = SessionMode::Approval,
+    }
+    if let Some(w) = &p.workload {
+        c.workload = Some(workload_from_pb(w));
+    }
+
+    if c.window_tokens > limits.max_window_tokens {
+        bad.push(BadField::new(
+            "config.window_tokens",
+            format!(
+                "must be at most the server's max_window_tokens = {}; got {}",
+                limits.max_window_tokens, c.window_tokens
+            ),
+        ));
+    }
+    if let Err(violations) = c.validate() {
+        bad.extend(
+            violations
+                .into_iter()
+                .map(|v| BadField::new(v.field, v.description)),
+        );
+    }
+    if bad.is_empty() && c.summary_max_tokens > c.budget_tokens() {
+        bad.push(BadField::new(
+            "config.summary_max_tokens",
+            format!(
+                "must be at most the budget of {} tokens; got {}",
+                c.budget_tokens(),
+                c.summary_max_tokens
+            ),
+        ));
+    }
+    if bad.is_empty() && c.trigger == TriggerPolicy::TimeBased {
+        time_based(&mut c, &mut bad);
+    }
+    finish(bad)?;
+    Ok(c)
+}
+
+/// A cadence is accepted only for a declared workload under which it is
+/// sound. The workload's window, alpha and overhead are the session's own:
+/// given as 0 they are filled in, given otherwise they must match.
+fn time_based(c: &mut SessionConfig, bad: &mut Vec<BadField>) {
+    let Some(workload) = c.workload.as_mut() else {
+        bad.push(BadField::new(
+            "config.workload",
+            "is required with trigger TIME_BASED: declare the workload so its cadence can be checked",
+        ));
+        return;
+    };
+    if workload.window_tokens == 0 {
+        workload.window_tokens = c.window_tokens;
+    }
+    if workload.alpha == 0.0 {
+        workload.alpha = c.alpha;
+    }
+    if workload.reserved_overhead_tokens == 0 {
+        workload.reserved_overhead_tokens = c.reserved_overhead_tokens;
+    }
+    let mismatch = workload.window_tokens != c.window_tokens
+        || workload.alpha != c.alpha
+        || workload.reserved_overhead_tokens != c.reserved_overhead_tokens;
+    if mismatch {
+        bad.push(BadField::new(
+            "config.workload",
+            "window_tokens, alpha and reserved_overhead_tokens must be 0 or equal to the session's",
+        ));
+        return;
+    }
+    let assessment = trigger::assess(workload);
+    if !assessment.time_based_sound {
+        bad.push(BadField::new(
+            "config.trigger",
+            format!(
+                "TIME_BASED is unsound for the declared workload (use TOKEN_BUDGET or HYBRID): {}",
+                assessment.reasons.join("; ")
+            ),
+        ));
+    }
+}
+
+/// Checks the shape of a turn, before anything about its session is known.
+pub fn turn_shape(spans: &[pb::SpanInput], limits: &Limits, bad: &mut Vec<BadField>) {
+    if spans.is_empty() {
+        bad.push(BadField::new("spans", "must hold at least one span"));
+        return;
+    }
+    if spans.len() > limits.max_spans_per_turn {
+        bad.push(BadField::new(
+            "spans",
+            format!(
+                "must hold at most max_spans_per_turn = {} spans; got {}",
+                limits.max_spans_per_turn,
+                spans.len()
+            ),
+        ));
+        return;
+    }
+    for (i, span) in spans.iter().enumerate() {
+        let field = |name: &str| format!("spans[{i}].{name}");
+        match pb::Role::try_from(span.role) {
+            Ok(pb::Role::Unspecified) => {
+                bad.push(BadField::new(field("role"), "is required"));
+            }
+            Ok(_) => {}
+            Err(_) => bad.push(BadField::new(
+                field("role"),
+                format!("unknown enum value {}", span.role),
+            )),
+        }
+        if span.text.is_empty() {
+            bad.push(BadField::new(field("text"), "must not be empty"));
+        } else if span.text.len() > limits.max_span_bytes {
+            bad.push(BadField::new(
+                field("text"),
+                format!(
+                    "must be at most max_span_bytes = {} bytes; got {}",
+                    limits.max_span_bytes,
+                    span.text.len()
+                ),
+            ));
+        }
+        let class = pb::SpanClass::try_from(span.span_class);
+        match class {
+            Ok(pb::SpanClass::Summary) => bad.push(BadField::new(
+                field("span_class"),
+                "SUMMARY spans are written by compaction only",
+            )),
+            Ok(_) => {}
+            Err(_) => bad.push(BadField::new(
+                field("span_class"),
+                format!("unknown enum value {}", span.span_class),
+            )),
+        }
+        if let Some(hint) = span.relevance_hint
+            && !(hint.is_finite() && (0.0..=1.0).contains(&hint))
+        {
+            bad.push(BadField::new(
+                field("relevance_hint"),
+                format!("must be a number in [0, 1]; got {hint}"),
+            ));
+        }
+        if let Some(predicate) = &span.predicate {
+            if matches!(class, Ok(pb::SpanClass::Narrative)) {
+                bad.push(BadField::new(
+                    field("predicate"),
+                    "is only accepted on constraints (span_class CONSTRAINT or unspecified)",
+                ));
+            }
+            predicate_shape(&field("predicate"), predicate, &span.text, bad);
+        }
+    }
+}
+
+/// Checks a caller's predicate: known modality; a bounded number of short,
+/// non-empty terms, each present in the constraint's own text (a predicate
+/// the original does not satisfy could never be satisfied by a shorter
+/// form).
+pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec<BadField>) {
+    const MAX_TERMS: usize = 64;
+    const MAX_TERM_BYTES: usize = 256;
+    if pb::Modality::try_from(p.modality).is_err() {
+        bad.push(BadField::new(
+            format!("{field}.modality"),
+            format!("unknown enum value {}", p.modality),
+        ));
+    }
+    if p.required_terms.len() > MAX_TERMS {
+        bad.push(BadField::new(
+            format!("{field}.required_terms"),
+            format!(
+                "must hold at most {MAX_TERMS} terms; got {}",
+                p.required_terms.len()
+            ),
+        ));
+        return;
+    }
+    let lowered = text.to_lowercase();
+    for (j, term) in p.required_terms.iter().enumerate() {
+        let name = format!("{field}.required_terms[{j}]");
+        if term.trim().is_empty() {
+            bad.push(BadField::new(name, "must not be empty"));
+        } else if term.len() > MAX_TERM_BYTES {
+            bad.push(BadField::new(
+                name,
+                format!("must be at most {MAX_TERM_BYTES} bytes; got {}", term.len()),
+            ));
+        } else if !lowered.contains(&term.to_lowercase()) {
+            bad.push(BadField::new(
+                name,
+                format!("{term:?} does not occur in the span's text"),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn fields(err: ApiError) -> Vec<String> {
+        match err {
+            ApiError::InvalidArgument(bad) => bad.into_iter().map(|b| b.field).collect(),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn session_ids_are_checked_by_length_and_charset() {
+        let limits = Limits::default();
+        assert!(session_id("session_id", "agent-7.run:3_b", &limits).is_ok());
+        assert!(session_id("session_id", "", &limits).is_err());
+        assert!(session_id("session_id", &"x".repeat(129), &limits).is_err());
+        assert!(session_id("session_id", &"x".repeat(128), &limits).is_ok());
+        assert!(session_id("session_id", "a/b", &limits).is_err());
+        assert!(session_id("session_id", "é", &limits).is_err());
+    }
+
+    #[test]
+    fn a_new_session_needs_a_window() {
+        let limits = Limits::default();
+        let err = create_config(Some(&pb::SessionConfig::default()), &limits).unwrap_err();
+        assert_eq!(fields(err), ["config.window_tokens"]);
+        let err = create_config(None, &limits).unwrap_err();
+        assert_eq!(fields(err), ["config"]);
+    }
+
+    #[test]
+    fn every_bad_config_field_is_named() {
+        let limits = Limits::default();
+        let config = pb::SessionConfig {
+            window_tokens: Some(1000),
+            alpha: Some(f64::NAN),
+            soft_watermark: Some(1.5),
+            relevance_floor: Some(-0.1),
+            trigger: 99,
+            ..Default::default()
+        };
+        let got = fields(create_config(Some(&config), &limits).unwrap_err());
+        for want in [
+            "config.alpha",
+            "config.soft_watermark",
+            "config.relevance_floor",
+            "config.trigger",
+        ] {
+            assert!(got.iter().any(|f| f == want), "{want} missing from {got:?}");
+        }
+    }
+
+    #[test]
+    fn overhead_must_leave_a_budget() {
+        let limits = Limits::default();
+        let config = pb::SessionConfig {
+            window_tokens: Some(1000),
+            reserved_overhead_tokens: Some(1000),
+            ..Default::default()
+        };
+        let got = fields(create_config(Some(&config), &limits).unwrap_err());
+        assert_eq!(got, ["config.reserved_overhead_tokens"]);
+    }
+
+    #[test]
+    fn the_tokenizer_is_fixed_after_creation() {
+        let limits = Limits::default();
+        let current = SessionConfig::with_window(1000);
+        let patch = pb::SessionConfig {
+            tokenizer: pb::TokenizerKind::Cl100kBase as i32,
+            ..Default::default()
+        };
+        let got = fields(update_config(&current, &patch, &limits).unwrap_err());
+        assert_eq!(got, ["config.tokenizer"]);
+    }
+
+    #[test]
+    fn time_based_needs_a_sound_declared_workload() {
+        let limits = Limits::default();
+        let mut config = pb::SessionConfig {
+            window_tokens: Some(200_000),
+            trigger: pb::TriggerPolicy::TimeBased as i32,
+            staleness_interval_ms: Some(90_000),
+            ..Default::default()
+        };
+        let got = fields(create_config(Some(&config), &limits).unwrap_err());
+        assert_eq!(got, ["config.workload"]);
+
+        config.workload = Some(pb::DeclaredWorkload {
+            cadence_ms: 90_000,
+            max_single_injection_tokens: 120_000,
+            max_interval_accumulation_tokens: 120_000,
+            ..Default::default()
+        });
+        let got = fields(create_config(Some(&config), &limits).unwrap_err());
+        assert_eq!(got, ["config.trigger"]);
+
+        config.workload = Some(pb::DeclaredWorkload {
+            cadence_ms: 90_000,
+            max_single_injection_tokens: 1_000,
+            max_interval_accumulation_tokens: 2_000,
+            ..Default::default()
+        });
+        let c = create_config(Some(&config), &limits).unwrap();
+        assert_eq!(c.trigger, TriggerPolicy::TimeBased);
+        assert_eq!(c.workload.unwrap().window_tokens, 200_000);
+    }
+
+    #[test]
+    fn turn_shapes_name_each_bad_span_field() {
+        let limits = Limits {
+            max_span_bytes: 10,
+            ..Limits::default()
+        };
+        let spans = vec![
+            pb::SpanInput {
+                role: 0,
+                text: String::new(),
+                ..Default::default()
+            },
+            pb::SpanInput {
+                role: pb::Role::User as i32,
+                text: "x".repeat(11),
+                span_class: pb::SpanClass::Summary as i32,
+                relevance_hint: Some(f64::INFINITY),
+                ..Default::default()
+            },
+        ];
+        let mut bad = Vec::new();
+        turn_shape(&spans, &limits, &mut bad);
+        let got: Vec<_> = bad.into_iter().map(|b| b.field).collect();
+        assert_eq!(
+            got,
+            [
+                "spans[0].role",
+                "spans[0].text",
+                "spans[1].text",
+                "spans[1].span_class",
+                "spans[1].relevance_hint"
+            ]
+        );
+        let mut bad = Vec::new();
+        turn_shape(&[], &limits, &mut bad);
+        assert_eq!(bad[0].field, "spans");
+    }
+
+    #[test]
+    fn a_caller_predicate_must_hold_for_its_own_text() {
+        let mut bad = Vec::new();
+        let p = pb::Predicate {
+            modality: pb::Modality::Prohibition as i32,
+            required_terms: vec!["prod".into(), "staging-eu".into()],
+            source: 0,
+        };
+        predicate_shape("spans[0].predicate", &p, "Never touch prod.", &mut bad);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].field, "spans[0].predicate.required_terms[1]");
+    }
+}
