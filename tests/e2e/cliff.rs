@@ -1,0 +1,121 @@
+//! The compaction cliff: an old, short, off-topic constraint admitted
+//! without a class must survive every compaction.
+
+use ctxbroker_proto::v1 as pb;
+use pb::Role;
+
+use crate::support::*;
+
+const CONSTRAINT: &str = "Never write to the `prod` namespace; stage only.";
+
+#[tokio::test]
+async fn an_unclassified_constraint_survives_many_compactions() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let session = create(&mut client, "cliff", window(1500)).await;
+    let budget = session.totals.unwrap().budget_tokens;
+
+    let first = admit(&mut client, "cliff", vec![span(Role::User, CONSTRAINT)])
+        .await
+        .unwrap();
+    let pinned = &first.spans[0];
+    assert_eq!(pinned.span_class(), pb::SpanClass::Constraint, "{pinned:?}");
+    assert_eq!(pinned.class_source(), pb::ClassSource::Rules);
+    assert!(
+        pinned.class_rule.starts_with("prohibition"),
+        "{}",
+        pinned.class_rule
+    );
+    let pinned_id = pinned.span_id;
+
+    let topic = [
+        "staging",
+        "kustomize",
+        "k8s/staging/deploy.yaml",
+        "namespace",
+        "refactor",
+    ];
+    let mut compactions = Vec::new();
+    for turn in 0..45u64 {
+        let (role, words) = match turn % 3 {
+            0 => (Role::User, 30),
+            1 => (Role::Assistant, 45),
+            _ => (Role::Tool, 70),
+        };
+        let text = format!(
+            "Turn {turn}: refactoring the staging manifests. {}",
+            prose(turn, &topic, words)
+        );
+        let reply = admit(&mut client, "cliff", vec![span(role, &text)])
+            .await
+            .unwrap_or_else(|s| panic!("turn {turn} refused: {s:?}"));
+        let totals = reply.totals.unwrap();
+        assert!(
+            totals.live_tokens <= budget,
+            "turn {turn}: live {} exceeds the budget {budget}",
+            totals.live_tokens
+        );
+        if let Some(marker) = reply.compaction {
+            assert_eq!(marker.outcome(), pb::CompactionOutcome::Committed);
+            assert!(!marker.evicted_span_ids.is_empty(), "{marker:?}");
+            assert!(!marker.evicted_span_ids.contains(&pinned_id));
+            assert_eq!(marker.pinned_retained, marker.pinned_total);
+            compactions.push(marker);
+        }
+
+        let ctx = context(&mut client, "cliff").await;
+        let kept = ctx
+            .spans
+            .iter()
+            .find(|s| s.span_id == pinned_id)
+            .unwrap_or_else(|| panic!("turn {turn}: the constraint is gone from the context"));
+        assert_eq!(kept.text, CONSTRAINT);
+        assert_eq!(kept.span_class(), pb::SpanClass::Constraint);
+        let live: u32 = ctx.spans.iter().map(|s| s.tokens).sum();
+        assert_eq!(live, ctx.totals.unwrap().live_tokens);
+        assert!(live <= budget);
+    }
+    assert!(
+        compactions.len() >= 3,
+        "expected several compactions, got {}",
+        compactions.len()
+    );
+
+    // The constraint is the least relevant span (old, short, off-topic),
+    // and it is still there.
+    let ctx = context(&mut client, "cliff").await;
+    let constraint = ctx.spans.iter().find(|s| s.span_id == pinned_id).unwrap();
+    let narrative_min = ctx
+        .spans
+        .iter()
+        .filter(|s| s.span_class() == pb::SpanClass::Narrative)
+        .map(|s| s.relevance)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        constraint.relevance <= narrative_min,
+        "constraint relevance {} vs lowest narrative {narrative_min}",
+        constraint.relevance
+    );
+
+    // Every compaction is in the durable log, evictions recorded, and each
+    // evicted span is readable from the archive.
+    let (_stream, markers) = watch_replay(&mut client, 0).await;
+    assert_eq!(markers.len(), compactions.len());
+    for (logged, replied) in markers.iter().zip(&compactions) {
+        assert_eq!(logged, replied);
+        for id in &logged.evicted_span_ids {
+            let archived = client
+                .get_span(pb::GetSpanRequest {
+                    session_id: "cliff".into(),
+                    span_id: *id,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .span
+                .unwrap();
+            assert_eq!(archived.state(), pb::SpanState::Archived);
+            assert_eq!(archived.archived_by_seq, logged.seq);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! End-to-end tests: each starts the real `ctxbrokerd` binary on a socket
+//! it bound itself, with a temporary data directory, and talks gRPC to it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    unreachable_pub
+)]
+
+mod support;
+
+mod bad_input;
+mod burst;
+mod cliff;
+mod durable;
+mod ops;
+mod watch;

@@ -1,0 +1,322 @@
+//! Starts the real `ctxbrokerd` on a socket the test bound itself
+//! (`127.0.0.1:0`, handed over as fd 3), with a temporary data directory.
+//! Restarting hands the same socket to the new process, so clients keep
+//! the address and nothing waits on a port.
+
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use ctxbroker_proto::v1 as pb;
+use pb::context_broker_client::ContextBrokerClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// The fd the daemon is told to serve on.
+const LISTEN_FD: i32 = 3;
+
+/// A running daemon and what it needs to be restarted.
+pub struct Daemon {
+    child: Option<Child>,
+    listener: TcpListener,
+    addr: SocketAddr,
+    data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+    extra_args: Vec<String>,
+}
+
+impl Daemon {
+    /// A daemon on a fresh data directory.
+    pub async fn start() -> Daemon {
+        Daemon::start_with(&[]).await
+    }
+
+    /// A daemon on a fresh data directory with extra flags.
+    pub async fn start_with(args: &[&str]) -> Daemon {
+        let temp = tempfile::tempdir().unwrap();
+        let data_dir = temp.path().join("data");
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut daemon = Daemon {
+            child: None,
+            listener,
+            addr,
+            data_dir,
+            _temp: Some(temp),
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        daemon.spawn();
+        daemon.ready().await;
+        daemon
+    }
+
+    fn spawn(&mut self) {
+        let fd = self.listener.as_raw_fd();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ctxbrokerd"));
+        command
+            .arg("--listen-fd")
+            .arg(LISTEN_FD.to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--shutdown-grace-ms")
+            .arg("3000")
+            .args(&self.extra_args)
+            .env(
+                "CTXBROKER_LOG",
+                std::env::var("CTXBROKER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null());
+        // SAFETY: between fork and exec only dup2 runs, which is
+        // async-signal-safe; the duplicate has no close-on-exec flag, so
+        // the daemon inherits the listening socket as fd 3.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(fd, LISTEN_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        self.child = Some(command.spawn().expect("ctxbrokerd starts"));
+    }
+
+    /// Waits until the daemon answers: the kernel queues connections on the
+    /// socket from the start, so the first RPC simply waits for `serve`.
+    async fn ready(&self) {
+        let mut client = self.client().await;
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            client.get_server_info(pb::GetServerInfoRequest {}),
+        )
+        .await
+        .expect("the daemon answers within 60 s")
+        .expect("GetServerInfo succeeds");
+    }
+
+    /// The daemon's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// A channel to the daemon.
+    pub async fn channel(&self) -> Channel {
+        Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connects to the daemon's socket")
+    }
+
+    /// A broker client.
+    pub async fn client(&self) -> ContextBrokerClient<Channel> {
+        ContextBrokerClient::new(self.channel().await).max_decoding_message_size(64 << 20)
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// `kill -9`: no flush, no goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit, at most `within`.
+    pub fn terminate(&mut self, within: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("the daemon is running");
+        unsafe {
+            // SAFETY: plain kill(2) on our own child's pid.
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("ctxbrokerd did not exit within {within:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the daemon again on the same socket and data directory.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+        self.ready().await;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A session config with a window and defaults for the rest.
+pub fn window(tokens: u32) -> pb::SessionConfig {
+    pb::SessionConfig {
+        window_tokens: Some(tokens),
+        ..Default::default()
+    }
+}
+
+/// Creates a session.
+pub async fn create(
+    client: &mut ContextBrokerClient<Channel>,
+    id: &str,
+    config: pb::SessionConfig,
+) -> pb::Session {
+    client
+        .create_session(pb::CreateSessionRequest {
+            session_id: id.into(),
+            config: Some(config),
+        })
+        .await
+        .expect("CreateSession succeeds")
+        .into_inner()
+        .session
+        .expect("a session")
+}
+
+/// One span without a class.
+pub fn span(role: pb::Role, text: &str) -> pb::SpanInput {
+    pb::SpanInput {
+        role: role as i32,
+        text: text.into(),
+        ..Default::default()
+    }
+}
+
+/// One span with a class.
+pub fn classed(role: pb::Role, class: pb::SpanClass, text: &str) -> pb::SpanInput {
+    pb::SpanInput {
+        role: role as i32,
+        text: text.into(),
+        span_class: class as i32,
+        ..Default::default()
+    }
+}
+
+/// Admits a turn.
+pub async fn admit(
+    client: &mut ContextBrokerClient<Channel>,
+    id: &str,
+    spans: Vec<pb::SpanInput>,
+) -> Result<pb::AdmitResponse, tonic::Status> {
+    client
+        .admit(pb::AdmitRequest {
+            session_id: id.into(),
+            spans,
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// The live context.
+pub async fn context(
+    client: &mut ContextBrokerClient<Channel>,
+    id: &str,
+) -> pb::GetContextResponse {
+    client
+        .get_context(pb::GetContextRequest {
+            session_id: id.into(),
+        })
+        .await
+        .expect("GetContext succeeds")
+        .into_inner()
+}
+
+/// Reads markers from a watch until `n` have arrived (skipping CaughtUp).
+pub async fn read_markers(
+    stream: &mut tonic::Streaming<pb::WatchCompactionsResponse>,
+    n: usize,
+) -> Vec<pb::CompactionMarker> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let next = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("a marker within 30 s")
+            .expect("the watch stays up")
+            .expect("the watch does not end");
+        if let Some(pb::watch_compactions_response::Event::Marker(m)) = next.event {
+            got.push(m);
+        }
+    }
+    got
+}
+
+/// Opens a watch from `from_seq` and reads until its replay is done,
+/// returning the replayed markers.
+pub async fn watch_replay(
+    client: &mut ContextBrokerClient<Channel>,
+    from_seq: u64,
+) -> (
+    tonic::Streaming<pb::WatchCompactionsResponse>,
+    Vec<pb::CompactionMarker>,
+) {
+    let mut stream = client
+        .watch_compactions(pb::WatchCompactionsRequest {
+            from_seq,
+            ..Default::default()
+        })
+        .await
+        .expect("WatchCompactions starts")
+        .into_inner();
+    let mut got = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("the replay ends within 30 s")
+            .expect("the watch stays up")
+            .expect("the watch does not end");
+        match next.event {
+            Some(pb::watch_compactions_response::Event::Marker(m)) => got.push(m),
+            Some(pb::watch_compactions_response::Event::CaughtUp(_)) => return (stream, got),
+            None => panic!("an empty watch event"),
+        }
+    }
+}
+
+/// Deterministic prose about one topic, about `words` words long.
+pub fn prose(seed: u64, topic: &[&str], words: usize) -> String {
+    let filler = [
+        "the", "manifest", "overlay", "patch", "rollout", "replica", "label", "selector",
+        "service", "config", "map", "value", "update", "review", "check", "apply", "diff",
+        "template", "chart", "resource", "limit", "request", "probe", "port", "image", "tag",
+    ];
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut out = Vec::with_capacity(words);
+    for i in 0..words {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let pick = (state >> 33) as usize;
+        let word = if i % 5 == 0 && !topic.is_empty() {
+            topic[pick % topic.len()]
+        } else {
+            filler[pick % filler.len()]
+        };
+        out.push(word);
+    }
+    let mut text = out.join(" ");
+    text.push('.');
+    text
+}

@@ -1,0 +1,171 @@
+//! Watching markers: replay from the durable log then live delivery, in
+//! order, contiguous, resumable without gap or duplicate.
+
+use std::time::Duration;
+
+use ctxbroker_proto::v1 as pb;
+use pb::Role;
+use tonic::Code;
+
+use crate::support::*;
+
+/// Admits until the session has compacted `n` more times.
+async fn compact_times(
+    client: &mut pb::context_broker_client::ContextBrokerClient<tonic::transport::Channel>,
+    id: &str,
+    n: usize,
+    seed: &mut u64,
+) -> Vec<pb::CompactionMarker> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        *seed += 1;
+        let text = prose(*seed, &["watch", id], 50);
+        let reply = admit(client, id, vec![span(Role::Tool, &text)])
+            .await
+            .unwrap();
+        got.extend(reply.compaction);
+    }
+    got
+}
+
+#[tokio::test]
+async fn a_watcher_sees_every_marker_in_order_and_resumes_exactly() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "w-a", window(600)).await;
+    create(&mut client, "w-b", window(600)).await;
+
+    // A watcher from 0 before anything happened: live delivery.
+    let (mut live, replayed) = watch_replay(&mut client, 0).await;
+    assert!(replayed.is_empty());
+
+    let mut seed = 0;
+    let mut expected = Vec::new();
+    for _ in 0..3 {
+        expected.extend(compact_times(&mut client, "w-a", 2, &mut seed).await);
+        expected.extend(compact_times(&mut client, "w-b", 2, &mut seed).await);
+    }
+    let got = read_markers(&mut live, expected.len()).await;
+    assert_eq!(got, expected);
+    for (i, m) in got.iter().enumerate() {
+        assert_eq!(m.seq, i as u64 + 1, "contiguous from 1");
+    }
+
+    // A watcher that read part, disconnected, and resumes at last + 1.
+    let (partial, _) = {
+        let mut stream = client
+            .watch_compactions(pb::WatchCompactionsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        (read_markers(&mut stream, 5).await, ())
+    };
+    let last = partial.last().unwrap().seq;
+    let more = compact_times(&mut client, "w-a", 3, &mut seed).await;
+    expected.extend(more);
+    let (mut resumed, replay) = watch_replay(&mut client, last + 1).await;
+    let mut rest = replay;
+    assert_eq!(rest.first().map(|m| m.seq), Some(last + 1));
+    let tail = compact_times(&mut client, "w-b", 2, &mut seed).await;
+    expected.extend(tail.clone());
+    rest.extend(read_markers(&mut resumed, tail.len()).await);
+    let mut whole = partial.clone();
+    whole.extend(rest);
+    assert_eq!(
+        whole, expected,
+        "resumed watcher: exactly the rest, no gap, no duplicate"
+    );
+
+    // The first watcher kept up live through all of it.
+    let more_live = read_markers(&mut live, expected.len() - got.len()).await;
+    assert_eq!([got, more_live].concat(), expected);
+}
+
+#[tokio::test]
+async fn a_session_filter_delivers_only_that_session_in_order() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "f-a", window(600)).await;
+    create(&mut client, "f-b", window(600)).await;
+    let mut stream = client
+        .watch_compactions(pb::WatchCompactionsRequest {
+            session_ids: vec!["f-b".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seed = 0;
+    let mut want = Vec::new();
+    for _ in 0..3 {
+        compact_times(&mut client, "f-a", 1, &mut seed).await;
+        want.extend(compact_times(&mut client, "f-b", 1, &mut seed).await);
+    }
+    let got = read_markers(&mut stream, want.len()).await;
+    assert_eq!(got, want);
+    assert!(got.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+#[tokio::test]
+async fn watching_from_beyond_the_head_is_refused() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let status = client
+        .watch_compactions(pb::WatchCompactionsRequest {
+            from_seq: 1_000,
+            ..Default::default()
+        })
+        .await
+        .expect_err("from_seq beyond the head");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("from_seq"), "{status:?}");
+}
+
+#[tokio::test]
+async fn retention_trims_the_log_and_old_positions_get_out_of_range() {
+    let daemon = Daemon::start_with(&["--marker-retention", "4"]).await;
+    let mut client = daemon.client().await;
+    create(&mut client, "r", window(600)).await;
+    let mut seed = 0;
+    compact_times(&mut client, "r", 7, &mut seed).await;
+    let info = client
+        .get_server_info(pb::GetServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.next_marker_seq, 8);
+    assert_eq!(info.oldest_marker_seq, 4);
+    let status = client
+        .watch_compactions(pb::WatchCompactionsRequest {
+            from_seq: 2,
+            ..Default::default()
+        })
+        .await
+        .expect_err("below retention");
+    assert_eq!(status.code(), Code::OutOfRange);
+    assert_eq!(status.metadata().get("oldest-seq").unwrap(), "4");
+    let (_s, kept) = watch_replay(&mut client, 4).await;
+    assert_eq!(kept.iter().map(|m| m.seq).collect::<Vec<_>>(), [4, 5, 6, 7]);
+}
+
+#[tokio::test]
+async fn shutdown_ends_watches_with_where_to_resume() {
+    let mut daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "s", window(600)).await;
+    let mut seed = 0;
+    compact_times(&mut client, "s", 2, &mut seed).await;
+    let (mut stream, replayed) = watch_replay(&mut client, 0).await;
+    assert_eq!(replayed.len(), 2);
+
+    let waiter = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(20), stream.message())
+            .await
+            .expect("the stream ends within 20 s")
+    });
+    let status = daemon.terminate(Duration::from_secs(20));
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    let ended = waiter.await.unwrap().expect_err("ended with a status");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert_eq!(ended.metadata().get("resume-from-seq").unwrap(), "3");
+}
