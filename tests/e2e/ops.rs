@@ -54,7 +54,13 @@ async fn health_reflection_and_server_info_answer() {
     };
     let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
     assert!(names.contains(&"ctxbroker.v1.ContextBroker"), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health"), "{names:?}");
+    for name in [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
 
     let mut v1alpha = r1a::server_reflection_client::ServerReflectionClient::new(channel.clone());
     let reply = v1alpha

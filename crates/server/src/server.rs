@@ -102,6 +102,7 @@ fn init_tracing(settings: &Settings) {
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match settings.log_format {
         LogFormat::Text => builder.try_init(),
@@ -241,14 +242,24 @@ pub async fn run(
     health
         .set_serving::<ContextBrokerServer<BrokerService>>()
         .await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ctxbroker_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Both reflection versions describe everything served, each other
+    // included, so any grpcurl lists the same services; the google.rpc
+    // error details are described too, so grpcurl decodes them.
+    let registered = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(ctxbroker_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+    };
+    let reflection_v1 = registered()
         .build_v1()
         .map_err(|err| ServerError::Reflection(err.to_string()))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(ctxbroker_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1alpha = registered()
         .build_v1alpha()
         .map_err(|err| ServerError::Reflection(err.to_string()))?;
 
