@@ -170,28 +170,11 @@ fn refuse(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::classify::classify;
-    use crate::predicate::derive;
-    use crate::span::{Role, SpanClass};
+    use crate::span::Role;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, role: Role, text: &str) -> Span {
-        let classification = classify(role, text);
-        let predicate = (classification.class == SpanClass::Constraint).then(|| derive(text, None));
-        Span {
-            id,
-            position: id,
-            role,
-            classification,
-            text: text.into(),
-            tokens: ByteLength.count(text),
-            generation: 0,
-            turn: id,
-            predicate,
-            summary: None,
-            relevance_hint: None,
-            admitted_at_ms: 0,
-        }
+        crate::testing::admitted(id, id, role, text)
     }
 
     fn decide_with(config: &SessionConfig, live: &[Span], incoming: &[Span]) -> Decision {

@@ -22,6 +22,9 @@ pub mod tokens;
 pub mod trigger;
 pub mod verify;
 
+#[cfg(test)]
+mod testing;
+
 /// Hash maps for the core's internal indexes.
 ///
 /// The default SipHash costs more than the rest of a planning pass over a

@@ -219,28 +219,11 @@ pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::classify::classify;
     use crate::plan::CompressedForm;
-    use crate::predicate::derive;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, turn: u64, role: Role, text: &str) -> Span {
-        let classification = classify(role, text);
-        let predicate = (classification.class == SpanClass::Constraint).then(|| derive(text, None));
-        Span {
-            id,
-            position: id,
-            role,
-            classification,
-            text: text.into(),
-            tokens: ByteLength.count(text),
-            generation: 0,
-            turn,
-            predicate,
-            summary: None,
-            relevance_hint: None,
-            admitted_at_ms: 0,
-        }
+        crate::testing::admitted(id, turn, role, text)
     }
 
     fn filler(id: u64, turn: u64, n: usize) -> Span {

@@ -628,31 +628,15 @@ fn check_anchors(v: &mut Report, plan: &Plan, evicted: &[&Span]) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::classify::classify;
     use crate::plan::{CompressedForm, Eviction, EvictionReason};
     use crate::planner::{PlanInput, apply, plan};
-    use crate::predicate::{compress, derive};
+    use crate::predicate::compress;
     use crate::relevance::RelevanceWeights;
     use crate::span::Role;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, role: Role, text: &str) -> Span {
-        let classification = classify(role, text);
-        let predicate = (classification.class == SpanClass::Constraint).then(|| derive(text, None));
-        Span {
-            id,
-            position: id,
-            role,
-            classification,
-            text: text.into(),
-            tokens: ByteLength.count(text),
-            generation: 0,
-            turn: id,
-            predicate,
-            summary: None,
-            relevance_hint: None,
-            admitted_at_ms: 0,
-        }
+        crate::testing::admitted(id, id, role, text)
     }
 
     struct Case {

@@ -118,26 +118,7 @@ impl Broker {
             self.session_count.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::SessionLimit { max });
         }
-        let now = now_ms();
-        let record = SessionRecord {
-            id: id.to_owned(),
-            config,
-            created_at_ms: now,
-            updated_at_ms: now,
-            revision: 1,
-            next_span_id: 1,
-            turns: 0,
-            marker_count: 0,
-            compactions: 0,
-            archived_spans: 0,
-            live_tokens: 0,
-            pinned_tokens: 0,
-            live_spans: 0,
-            pinned_spans: 0,
-            approval_required: false,
-            last_compaction_turn: 0,
-            last_admit_ms: 0,
-        };
+        let record = SessionRecord::new(id, config, now_ms());
         let written = self
             .store
             .write(WriteOp::CreateSession {

@@ -53,6 +53,32 @@ pub struct SessionRecord {
     pub last_admit_ms: u64,
 }
 
+impl SessionRecord {
+    /// The record of a session just created at `now_ms`: revision 1, no
+    /// spans, no markers.
+    pub fn new(id: impl Into<String>, config: SessionConfig, now_ms: u64) -> Self {
+        SessionRecord {
+            id: id.into(),
+            config,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            revision: 1,
+            next_span_id: 1,
+            turns: 0,
+            marker_count: 0,
+            compactions: 0,
+            archived_spans: 0,
+            live_tokens: 0,
+            pinned_tokens: 0,
+            live_spans: 0,
+            pinned_spans: 0,
+            approval_required: false,
+            last_compaction_turn: 0,
+            last_admit_ms: 0,
+        }
+    }
+}
+
 /// Where a span is now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanState {

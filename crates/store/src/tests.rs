@@ -24,23 +24,9 @@ use crate::{
 
 fn record(id: &str, revision: u64, next_span_id: u64) -> SessionRecord {
     SessionRecord {
-        id: id.into(),
-        config: SessionConfig::with_window(10_000),
-        created_at_ms: 1,
-        updated_at_ms: 1,
         revision,
         next_span_id,
-        turns: 0,
-        marker_count: 0,
-        compactions: 0,
-        archived_spans: 0,
-        live_tokens: 0,
-        pinned_tokens: 0,
-        live_spans: 0,
-        pinned_spans: 0,
-        approval_required: false,
-        last_compaction_turn: 0,
-        last_admit_ms: 0,
+        ..SessionRecord::new(id, SessionConfig::with_window(10_000), 1)
     }
 }
 

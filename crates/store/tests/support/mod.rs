@@ -12,25 +12,7 @@ use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
 use ctxbroker_store::{AdmitWrite, CompactionWrite, SessionRecord, WriteOp};
 
 pub fn record(id: &str) -> SessionRecord {
-    SessionRecord {
-        id: id.to_owned(),
-        config: SessionConfig::with_window(100_000),
-        created_at_ms: 1_700_000_000_000,
-        updated_at_ms: 1_700_000_000_000,
-        revision: 1,
-        next_span_id: 1,
-        turns: 0,
-        marker_count: 0,
-        compactions: 0,
-        archived_spans: 0,
-        live_tokens: 0,
-        pinned_tokens: 0,
-        live_spans: 0,
-        pinned_spans: 0,
-        approval_required: false,
-        last_compaction_turn: 0,
-        last_admit_ms: 0,
-    }
+    SessionRecord::new(id, SessionConfig::with_window(100_000), 1_700_000_000_000)
 }
 
 pub fn span(id: SpanId, text: &str) -> Span {
