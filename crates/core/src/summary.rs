@@ -42,9 +42,12 @@
 //! ```
 //!
 //! When anchors do not all fit, the header says how many were dropped
-//! (`[summary of 12 spans, generation 2; 3 anchors dropped]`). The longest
-//! anchors (by bytes) are dropped first, so that as many as possible
-//! survive; among equally long ones, the newest goes first.
+//! (`[summary of 12 spans, generation 2; 3 anchors dropped]`). What goes
+//! first is what an agent can best do without: numbers and versions, then
+//! identifiers, then paths and URLs, and error lines last — the strings
+//! that decay first under repeated summarising are the ones kept longest.
+//! Within a rank the longest goes first (so that as many as possible
+//! survive), and among equally long ones the newest.
 
 use std::collections::HashSet;
 
@@ -174,8 +177,8 @@ pub fn summarize_bounded(
         while freed < over {
             if let Some(s) = sentences.pop() {
                 freed = freed.saturating_add(counter.count(&s).saturating_add(2));
-            } else if let Some(longest) = longest(&anchors) {
-                let a = anchors.remove(longest);
+            } else if let Some(next) = least_valuable(&anchors) {
+                let a = anchors.remove(next);
                 dropped += 1;
                 freed = freed.saturating_add(counter.count(&a).saturating_add(2));
             } else {
@@ -199,13 +202,36 @@ pub fn summarize_bounded(
     }
 }
 
-/// The index of the longest anchor (the newest among equals).
-fn longest(anchors: &[String]) -> Option<usize> {
-    anchors
-        .iter()
-        .enumerate()
-        .max_by_key(|&(i, a)| (a.len(), i))
-        .map(|(i, _)| i)
+/// How much an anchor is worth keeping: lower ranks are dropped first.
+fn anchor_rank(anchor: &str) -> u8 {
+    if is_error_line(anchor) {
+        3
+    } else if is_path(anchor) || is_url(anchor) || is_file_name(anchor) {
+        2
+    } else if is_number_with_unit(anchor) || is_version(anchor) {
+        0
+    } else {
+        1
+    }
+}
+
+/// The order in which anchors are dropped: lowest rank, then longest,
+/// then newest first. The key sorts the first to drop last.
+fn keep_key(
+    anchors: &[String],
+    i: usize,
+) -> (u8, std::cmp::Reverse<usize>, std::cmp::Reverse<usize>) {
+    let a = &anchors[i];
+    (
+        anchor_rank(a),
+        std::cmp::Reverse(a.len()),
+        std::cmp::Reverse(i),
+    )
+}
+
+/// The index of the anchor to drop next.
+fn least_valuable(anchors: &[String]) -> Option<usize> {
+    (0..anchors.len()).min_by_key(|&i| keep_key(anchors, i))
 }
 
 struct Writer<'a> {
@@ -251,7 +277,8 @@ impl Writer<'_> {
     }
 
     /// The indices of the anchors to keep, in order: all of them when they
-    /// fit, otherwise the shortest first until the budget is spent.
+    /// fit, otherwise the most valuable first (see [`anchor_rank`]) until
+    /// the budget is spent.
     fn choose_anchors(&self, candidates: &[String]) -> Vec<usize> {
         if candidates.is_empty() {
             return Vec::new();
@@ -273,12 +300,13 @@ impl Writer<'_> {
             return (0..candidates.len()).collect();
         }
         let mut order: Vec<usize> = (0..candidates.len()).collect();
-        order.sort_by_key(|&i| (candidates[i].len(), i));
+        order.sort_by_key(|&i| std::cmp::Reverse(keep_key(candidates, i)));
         let mut kept = Vec::new();
         for i in order {
             let cost = self.counter.count(&candidates[i]).saturating_add(2);
             if cost > room {
-                break;
+                // A shorter anchor further down may still fit.
+                continue;
             }
             room -= cost;
             kept.push(i);
@@ -1002,6 +1030,37 @@ mod tests {
         assert_eq!(d.anchors, vec!["src/a.rs".to_string()]);
         assert_eq!(d.anchors_dropped, 1);
         assert!(d.text.contains("1 anchor dropped"));
+    }
+
+    #[test]
+    fn error_lines_and_paths_outlive_numbers_and_identifiers() {
+        let error = "error: connection refused by db-primary:5432";
+        let a = span(
+            1,
+            &format!("took 30s with max_retries set\n{error}\nsee k8s/staging/db.yaml"),
+        );
+        let full = summarize(&[&a], 10_000, 3, &ByteLength);
+        for want in ["30s", "max_retries", error, "k8s/staging/db.yaml"] {
+            assert!(
+                full.anchors.iter().any(|x| x == want),
+                "{want} in {:?}",
+                full.anchors
+            );
+        }
+        // Room for about two of the four: the error line and the path stay,
+        // although they are the longest.
+        let d = summarize(&[&a], 130, 3, &ByteLength);
+        assert!(d.tokens <= 130, "{}", d.text);
+        assert!(d.anchors.iter().any(|x| x == error), "{:?}", d.anchors);
+        assert!(!d.anchors.iter().any(|x| x == "30s"), "{:?}", d.anchors);
+        assert_eq!(
+            d.anchors_dropped as usize + d.anchors.len(),
+            full.anchors.len()
+        );
+        assert_eq!(anchor_rank(error), 3);
+        assert_eq!(anchor_rank("k8s/staging/db.yaml"), 2);
+        assert_eq!(anchor_rank("max_retries"), 1);
+        assert_eq!(anchor_rank("30s"), 0);
     }
 
     #[test]
