@@ -78,10 +78,15 @@ async fn admissions_in_flight_at_kill_9_are_all_or_nothing() {
 
     // Acknowledged (span id, text) per session, recorded as replies come.
     let acked: Arc<Mutex<Acked>> = Arc::default();
+    // Fires on the acknowledgement that brings the total to KILL_AT, so the
+    // kill lands right behind fresh acknowledgements.
+    const KILL_AT: usize = 120;
+    let enough = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::new();
     for (n, id) in sessions.iter().cloned().enumerate() {
         let mut client = daemon.client().await;
         let acked = acked.clone();
+        let enough = enough.clone();
         tasks.push(tokio::spawn(async move {
             for turn in 0..10_000u64 {
                 let text = format!(
@@ -89,25 +94,24 @@ async fn admissions_in_flight_at_kill_9_are_all_or_nothing() {
                     prose(turn * 7 + n as u64, &["load"], 25)
                 );
                 match admit(&mut client, &id, vec![span(Role::Tool, &text)]).await {
-                    Ok(reply) => acked
-                        .lock()
-                        .unwrap()
-                        .entry(id.clone())
-                        .or_default()
-                        .push((reply.spans[0].span_id, text)),
+                    Ok(reply) => {
+                        let mut acked = acked.lock().unwrap();
+                        acked
+                            .entry(id.clone())
+                            .or_default()
+                            .push((reply.spans[0].span_id, text));
+                        if acked.values().map(Vec::len).sum::<usize>() == KILL_AT {
+                            enough.notify_one();
+                        }
+                    }
                     Err(_) => return,
                 }
             }
         }));
     }
-    // Let load build up, then kill mid-flight.
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let total: usize = acked.lock().unwrap().values().map(Vec::len).sum();
-        if total >= 120 {
-            break;
-        }
-    }
+    tokio::time::timeout(Duration::from_secs(60), enough.notified())
+        .await
+        .expect("load builds up");
     daemon.kill9();
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
@@ -148,7 +152,7 @@ async fn admissions_in_flight_at_kill_9_are_all_or_nothing() {
             }
         }
     }
-    assert!(checked >= 120);
+    assert!(checked >= KILL_AT);
     // Markers are contiguous from 1 after the crash.
     let (_s, markers) = watch_replay(&mut client, 0).await;
     for (i, m) in markers.iter().enumerate() {
