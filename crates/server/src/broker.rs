@@ -129,6 +129,8 @@ impl Broker {
             self.session_count.fetch_sub(1, Ordering::SeqCst);
             return Err(err.into());
         }
+        self.sessions
+            .remember_tokenizer(id, record.config.tokenizer);
         *slot = Some(Loaded {
             record: record.clone(),
             spans: Vec::new(),
@@ -254,16 +256,27 @@ impl Broker {
     /// before the session's turn is taken; the decision, the write and the
     /// memory update happen within it.
     pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
-        let tokenizer = self
-            .sessions
-            .lock(&self.store, id)
-            .await?
-            .record
-            .config
-            .tokenizer;
-        let prepared = prepare(inputs, tokenizer).await?;
+        let tokenizer = self.sessions.tokenizer(&self.store, id)?;
+        let mut prepared = prepare(inputs, tokenizer).await?;
 
         let mut session = self.sessions.lock(&self.store, id).await?;
+        let actual = session.record.config.tokenizer;
+        if actual != tokenizer {
+            // Deleted and created again with another tokenizer while this
+            // turn was being counted.
+            self.sessions.remember_tokenizer(id, actual);
+            if actual == TokenizerKind::Client || tokenizer == TokenizerKind::Client {
+                return Err(ApiError::StaleRevision {
+                    session_id: id.to_owned(),
+                    expected: 0,
+                    actual: session.record.revision,
+                });
+            }
+            let counter = tokens::counter(actual);
+            for p in &mut prepared {
+                p.tokens = counter.count(&p.text);
+            }
+        }
         match self.admit_locked(&mut session, prepared).await {
             Ok(admitted) => Ok(admitted),
             Err(AdmitError::Clean(err)) => Err(err),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::Span;
+use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_store::{SessionRecord, Store};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
@@ -37,6 +38,9 @@ pub type SessionGuard = OwnedMappedMutexGuard<Option<Loaded>, Loaded>;
 #[derive(Debug, Default)]
 pub struct Sessions {
     slots: Mutex<HashMap<String, Slot>>,
+    /// Each known session's tokenizer, fixed at creation: a turn is counted
+    /// before its session's turn is taken, without waiting for the lock.
+    tokenizers: Mutex<HashMap<String, TokenizerKind>>,
 }
 
 impl Sessions {
@@ -106,9 +110,43 @@ impl Sessions {
         }
     }
 
+    /// The session's tokenizer, without taking the session's turn: from
+    /// memory, or one point read of the store. NotFound when the session
+    /// does not exist. A session deleted and created again meanwhile may
+    /// have another; the caller checks again under the lock.
+    pub fn tokenizer(&self, store: &Store, id: &str) -> Result<TokenizerKind, ApiError> {
+        let known = self
+            .tokenizers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(id)
+            .copied();
+        if let Some(kind) = known {
+            return Ok(kind);
+        }
+        let record = store
+            .session(id)?
+            .ok_or_else(|| ApiError::SessionNotFound(id.to_owned()))?;
+        let kind = record.config.tokenizer;
+        self.remember_tokenizer(id, kind);
+        Ok(kind)
+    }
+
+    /// Records a session's tokenizer (on create and load).
+    pub fn remember_tokenizer(&self, id: &str, kind: TokenizerKind) {
+        self.tokenizers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id.to_owned(), kind);
+    }
+
     /// Marks a locked session deleted and drops it from the registry.
     pub fn remove(&self, id: &str, guard: &mut SessionGuard) {
         guard.gone = true;
+        self.tokenizers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(id);
         let mut slots = self
             .slots
             .lock()
