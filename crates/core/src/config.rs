@@ -1,5 +1,7 @@
 //! A session's configuration and the budget arithmetic derived from it.
 
+use crate::relevance::RelevanceWeights;
+
 /// When a session compacts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TriggerPolicy {
@@ -100,6 +102,11 @@ pub struct SessionConfig {
     pub summary_max_tokens: u32,
     /// The declared workload, required with TIME_BASED.
     pub workload: Option<DeclaredWorkload>,
+    /// How relevance orders narrative for eviction.
+    pub relevance: RelevanceWeights,
+    /// The most tokens a summary's anchors may take; 0 means the whole
+    /// summary cap. Anchors past it are dropped and counted in the marker.
+    pub anchor_budget_tokens: u32,
 }
 
 /// Defaults for the optional fields of a configuration.
@@ -135,6 +142,8 @@ impl SessionConfig {
             mode: SessionMode::Auto,
             summary_max_tokens: 0,
             workload: None,
+            relevance: RelevanceWeights::default(),
+            anchor_budget_tokens: 0,
         }
     }
 
@@ -162,6 +171,16 @@ impl SessionConfig {
             self.summary_max_tokens
         } else {
             (self.budget_tokens() / 8).clamp(1, defaults::SUMMARY_MAX_TOKENS_CAP)
+        }
+    }
+
+    /// The most tokens a summary's anchors may take.
+    pub fn effective_anchor_budget_tokens(&self) -> u32 {
+        let cap = self.effective_summary_max_tokens();
+        if self.anchor_budget_tokens == 0 {
+            cap
+        } else {
+            self.anchor_budget_tokens.min(cap)
         }
     }
 
@@ -222,6 +241,35 @@ impl SessionConfig {
                 "config.staleness_interval_ms",
                 "must be greater than 0 with trigger HYBRID or TIME_BASED".into(),
             );
+        }
+        let w = &self.relevance;
+        for (field, value) in [
+            ("config.relevance.recency", w.recency),
+            ("config.relevance.similarity", w.similarity),
+            ("config.relevance.length", w.length),
+            ("config.relevance.hint", w.hint),
+        ] {
+            if !(value.is_finite() && (0.0..=1.0).contains(&value)) {
+                bad.push(ConfigViolation {
+                    field,
+                    description: format!("must be a number in [0, 1]; got {value}"),
+                });
+            }
+        }
+        if w.recency + w.similarity + w.length <= 0.0 {
+            bad.push(ConfigViolation {
+                field: "config.relevance",
+                description: "recency, similarity and length must not all be 0".into(),
+            });
+        }
+        if !(w.recency_half_life_turns.is_finite() && w.recency_half_life_turns > 0.0) {
+            bad.push(ConfigViolation {
+                field: "config.relevance.recency_half_life_turns",
+                description: format!(
+                    "must be a positive number; got {}",
+                    w.recency_half_life_turns
+                ),
+            });
         }
         if bad.is_empty() { Ok(()) } else { Err(bad) }
     }

@@ -174,6 +174,7 @@ pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn Tok
                 }),
                 relevance_hint: None,
                 admitted_at_ms: input.now_ms,
+                original: None,
             });
         }
     }

@@ -97,6 +97,17 @@ pub struct SummaryInfo {
     pub anchors_dropped: u32,
 }
 
+/// The admitted form of a constraint that now stands in the context in a
+/// compressed form: kept with the span so that nothing is silently lost and
+/// every later check can compare against the original.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginalForm {
+    /// The text as admitted.
+    pub text: String,
+    /// Its tokens.
+    pub tokens: u32,
+}
+
 /// One unit of content in a session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Span {
@@ -128,6 +139,8 @@ pub struct Span {
     /// When it was admitted, in milliseconds since the Unix epoch (given by
     /// the caller of the policy: the core reads no clock).
     pub admitted_at_ms: u64,
+    /// For a compressed constraint: the form it was admitted in.
+    pub original: Option<OriginalForm>,
 }
 
 impl Span {

@@ -911,6 +911,7 @@ mod tests {
             summary: None,
             relevance_hint: None,
             admitted_at_ms: 0,
+            original: None,
         }
     }
 

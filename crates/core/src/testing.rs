@@ -23,5 +23,6 @@ pub(crate) fn admitted(id: u64, turn: u64, role: Role, text: &str) -> Span {
         summary: None,
         relevance_hint: None,
         admitted_at_ms: 0,
+        original: None,
     }
 }

@@ -56,6 +56,7 @@ fn session(n: u64) -> (SessionConfig, Vec<Span>) {
             summary: None,
             relevance_hint: None,
             admitted_at_ms: 0,
+            original: None,
         });
     }
     let config = SessionConfig::with_window((total as f64 / 0.85) as u32 + 1);

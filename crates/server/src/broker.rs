@@ -315,6 +315,7 @@ impl Broker {
                 summary: None,
                 relevance_hint: p.relevance_hint,
                 admitted_at_ms: now,
+                original: None,
             })
             .collect();
         let next_span_id = first_id + incoming.len() as u64;

@@ -130,6 +130,12 @@ pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
         admitted_at: Some(timestamp(span.admitted_at_ms)),
         archived_by_seq,
         relevance_hint: span.relevance_hint,
+        original_text: span
+            .original
+            .as_ref()
+            .map(|o| o.text.clone())
+            .unwrap_or_default(),
+        original_tokens: span.original.as_ref().map_or(0, |o| o.tokens),
     }
 }
 
@@ -270,6 +276,14 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
         } as i32,
         summary_max_tokens: Some(c.effective_summary_max_tokens()),
         workload: c.workload.as_ref().map(workload_to_pb),
+        relevance: Some(pb::RelevanceWeights {
+            recency: Some(c.relevance.recency),
+            similarity: Some(c.relevance.similarity),
+            length: Some(c.relevance.length),
+            hint: Some(c.relevance.hint),
+            recency_half_life_turns: Some(c.relevance.recency_half_life_turns),
+        }),
+        anchor_budget_tokens: Some(c.effective_anchor_budget_tokens()),
     }
 }
 

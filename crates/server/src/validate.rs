@@ -168,6 +168,23 @@ fn merge(
     if let Some(w) = &p.workload {
         c.workload = Some(workload_from_pb(w));
     }
+    if let Some(r) = &p.relevance {
+        let w = &mut c.relevance;
+        for (slot, value) in [
+            (&mut w.recency, r.recency),
+            (&mut w.similarity, r.similarity),
+            (&mut w.length, r.length),
+            (&mut w.hint, r.hint),
+            (&mut w.recency_half_life_turns, r.recency_half_life_turns),
+        ] {
+            if let Some(value) = value {
+                *slot = value;
+            }
+        }
+    }
+    if let Some(a) = p.anchor_budget_tokens {
+        c.anchor_budget_tokens = a;
+    }
 
     if c.window_tokens > limits.max_window_tokens {
         bad.push(BadField::new(

@@ -15,8 +15,10 @@ use ctxbroker_core::config::{
 };
 use ctxbroker_core::marker::{CompactionTrigger, Outcome};
 use ctxbroker_core::plan::{Violation, ViolationKind};
+use ctxbroker_core::relevance::RelevanceWeights;
 use ctxbroker_core::span::{
-    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass, SummaryInfo,
+    ClassSource, Classification, Modality, OriginalForm, Predicate, PredicateSource, Role,
+    SpanClass, SummaryInfo,
 };
 use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
 use prost::Message;
@@ -214,6 +216,8 @@ pub(crate) struct SessionRow {
     last_compaction_turn: u64,
     #[prost(uint64, tag = "17")]
     last_admit_ms: u64,
+    #[prost(uint64, tag = "18")]
+    last_compaction_ms: u64,
 }
 
 /// A session configuration.
@@ -247,6 +251,36 @@ pub(crate) struct ConfigRow {
     summary_max_tokens: u32,
     #[prost(message, optional, tag = "14")]
     workload: Option<WorkloadRow>,
+    /// Absent in records written before relevance was configurable: the
+    /// defaults then apply.
+    #[prost(message, optional, tag = "15")]
+    relevance: Option<RelevanceRow>,
+    #[prost(uint32, tag = "16")]
+    anchor_budget_tokens: u32,
+}
+
+/// A session's relevance weights.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct RelevanceRow {
+    #[prost(double, tag = "1")]
+    recency: f64,
+    #[prost(double, tag = "2")]
+    similarity: f64,
+    #[prost(double, tag = "3")]
+    length: f64,
+    #[prost(double, tag = "4")]
+    hint: f64,
+    #[prost(double, tag = "5")]
+    recency_half_life_turns: f64,
+}
+
+/// The admitted form of a compressed constraint.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct OriginalRow {
+    #[prost(string, tag = "1")]
+    text: String,
+    #[prost(uint32, tag = "2")]
+    tokens: u32,
 }
 
 /// A declared workload.
@@ -295,6 +329,8 @@ pub(crate) struct SpanRow {
     relevance_hint: Option<f64>,
     #[prost(uint64, tag = "12")]
     admitted_at_ms: u64,
+    #[prost(message, optional, tag = "13")]
+    original: Option<OriginalRow>,
 }
 
 /// A span's classification.
@@ -467,6 +503,14 @@ fn config_row(c: &SessionConfig) -> ConfigRow {
         mode: mode_code(c.mode),
         summary_max_tokens: c.summary_max_tokens,
         workload: c.workload.as_ref().map(workload_row),
+        relevance: Some(RelevanceRow {
+            recency: c.relevance.recency,
+            similarity: c.relevance.similarity,
+            length: c.relevance.length,
+            hint: c.relevance.hint,
+            recency_half_life_turns: c.relevance.recency_half_life_turns,
+        }),
+        anchor_budget_tokens: c.anchor_budget_tokens,
     }
 }
 
@@ -486,6 +530,17 @@ fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
         mode: mode_from(row.mode)?,
         summary_max_tokens: row.summary_max_tokens,
         workload: row.workload.map(workload_from),
+        relevance: row
+            .relevance
+            .map(|r| RelevanceWeights {
+                recency: r.recency,
+                similarity: r.similarity,
+                length: r.length,
+                hint: r.hint,
+                recency_half_life_turns: r.recency_half_life_turns,
+            })
+            .unwrap_or_default(),
+        anchor_budget_tokens: row.anchor_budget_tokens,
     })
 }
 
@@ -508,6 +563,7 @@ fn session_row(r: &SessionRecord) -> SessionRow {
         approval_required: r.approval_required,
         last_compaction_turn: r.last_compaction_turn,
         last_admit_ms: r.last_admit_ms,
+        last_compaction_ms: r.last_compaction_ms,
     }
 }
 
@@ -530,6 +586,7 @@ fn session_from(row: SessionRow) -> Result<SessionRecord, String> {
         approval_required: row.approval_required,
         last_compaction_turn: row.last_compaction_turn,
         last_admit_ms: row.last_admit_ms,
+        last_compaction_ms: row.last_compaction_ms,
     })
 }
 
@@ -571,6 +628,10 @@ fn span_row(s: &Span) -> SpanRow {
         }),
         relevance_hint: s.relevance_hint,
         admitted_at_ms: s.admitted_at_ms,
+        original: s.original.as_ref().map(|o| OriginalRow {
+            text: o.text.clone(),
+            tokens: o.tokens,
+        }),
     }
 }
 
@@ -597,6 +658,10 @@ fn span_from(row: SpanRow) -> Result<Span, String> {
         }),
         relevance_hint: row.relevance_hint,
         admitted_at_ms: row.admitted_at_ms,
+        original: row.original.map(|o| OriginalForm {
+            text: o.text,
+            tokens: o.tokens,
+        }),
     })
 }
 
@@ -900,6 +965,7 @@ mod tests {
             summary in option::of(summary()),
             relevance_hint in option::of(finite()),
             admitted_at_ms in any::<u64>(),
+            original in option::of((text(), any::<u32>())),
         ) -> Span {
             Span {
                 id,
@@ -918,6 +984,7 @@ mod tests {
                 summary,
                 relevance_hint,
                 admitted_at_ms,
+                original: original.map(|(text, tokens)| OriginalForm { text, tokens }),
             }
         }
     }
@@ -960,6 +1027,8 @@ mod tests {
             mode in 0usize..2,
             summary_max_tokens in any::<u32>(),
             workload in option::of(workload()),
+            weights in vec(finite(), 5),
+            anchor_budget_tokens in any::<u32>(),
         ) -> SessionConfig {
             SessionConfig {
                 window_tokens,
@@ -976,6 +1045,14 @@ mod tests {
                 mode: [SessionMode::Auto, SessionMode::Approval][mode],
                 summary_max_tokens,
                 workload,
+                relevance: RelevanceWeights {
+                    recency: weights[0],
+                    similarity: weights[1],
+                    length: weights[2],
+                    hint: weights[3],
+                    recency_half_life_turns: weights[4],
+                },
+                anchor_budget_tokens,
             }
         }
     }
@@ -1014,6 +1091,7 @@ mod tests {
                 approval_required,
                 last_compaction_turn: c[12],
                 last_admit_ms: c[0] ^ c[12],
+                last_compaction_ms: c[1] ^ c[12],
             }
         }
     }
@@ -1185,6 +1263,7 @@ mod tests {
             approval_required: true,
             last_compaction_turn: 13,
             last_admit_ms: 14,
+            last_compaction_ms: 15,
         };
         let value = encode_session(b"a", &record);
         match decode_session(b"b", &value) {

@@ -48,6 +48,7 @@ fn span(id: u64) -> Span {
         summary: None,
         relevance_hint: None,
         admitted_at_ms: 1,
+        original: None,
     }
 }
 

@@ -146,6 +146,7 @@ pub fn admitted(
         summary: None,
         relevance_hint: None,
         admitted_at_ms: turn * 1_000,
+        original: None,
     }
 }
 
@@ -180,6 +181,7 @@ pub fn earlier_summary(
         }),
         relevance_hint: None,
         admitted_at_ms: turn * 1_000,
+        original: None,
     }
 }
 

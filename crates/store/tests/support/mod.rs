@@ -33,6 +33,7 @@ pub fn span(id: SpanId, text: &str) -> Span {
         summary: None,
         relevance_hint: Some(0.5),
         admitted_at_ms: 1_700_000_000_000 + id,
+        original: None,
     }
 }
 
@@ -190,6 +191,7 @@ impl Session {
             }),
             relevance_hint: None,
             admitted_at_ms: 1_700_000_000_999,
+            original: None,
         };
         self.record.next_span_id = summary_id + 1;
         let r = &mut self.record;
