@@ -12,7 +12,7 @@ const CONSTRAINT: &str = "Never write to the `prod` namespace; stage only.";
 async fn an_unclassified_constraint_survives_many_compactions() {
     let daemon = Daemon::start().await;
     let mut client = daemon.client().await;
-    let session = create(&mut client, "cliff", window(1500)).await;
+    let session = create(&mut client, "cliff", defaults(1500)).await;
     let budget = session.totals.unwrap().budget_tokens;
 
     let first = admit(&mut client, "cliff", vec![span(Role::User, CONSTRAINT)])
@@ -35,7 +35,7 @@ async fn an_unclassified_constraint_survives_many_compactions() {
         "namespace",
         "refactor",
     ];
-    let mut compactions = Vec::new();
+    let mut replied = Vec::new();
     for turn in 0..45u64 {
         let (role, words) = match turn % 3 {
             0 => (Role::User, 30),
@@ -55,13 +55,7 @@ async fn an_unclassified_constraint_survives_many_compactions() {
             "turn {turn}: live {} exceeds the budget {budget}",
             totals.live_tokens
         );
-        if let Some(marker) = reply.compaction {
-            assert_eq!(marker.outcome(), pb::CompactionOutcome::Committed);
-            assert!(!marker.evicted_span_ids.is_empty(), "{marker:?}");
-            assert!(!marker.evicted_span_ids.contains(&pinned_id));
-            assert_eq!(marker.pinned_retained, marker.pinned_total);
-            compactions.push(marker);
-        }
+        replied.extend(reply.compaction);
 
         let ctx = context(&mut client, "cliff").await;
         let kept = ctx
@@ -74,6 +68,21 @@ async fn an_unclassified_constraint_survives_many_compactions() {
         let live: u32 = ctx.spans.iter().map(|s| s.tokens).sum();
         assert_eq!(live, ctx.totals.unwrap().live_tokens);
         assert!(live <= budget);
+    }
+
+    // Every compaction, at admission or in the background ahead of it, is
+    // in the durable log; none evicted the constraint.
+    let (_stream, compactions) = watch_replay(&mut client, 0).await;
+    for marker in &compactions {
+        assert_eq!(marker.session_id, "cliff");
+        assert_eq!(marker.outcome(), pb::CompactionOutcome::Committed);
+        assert!(!marker.evicted_span_ids.is_empty(), "{marker:?}");
+        assert!(!marker.evicted_span_ids.contains(&pinned_id));
+        assert_eq!(marker.pinned_retained, marker.pinned_total);
+        assert!(marker.tokens_after + marker.incoming_tokens <= budget);
+    }
+    for marker in &replied {
+        assert_eq!(compactions.get(marker.seq as usize - 1), Some(marker));
     }
     assert!(
         compactions.len() >= 3,
@@ -99,10 +108,7 @@ async fn an_unclassified_constraint_survives_many_compactions() {
 
     // Every compaction is in the durable log, evictions recorded, and each
     // evicted span is readable from the archive.
-    let (_stream, markers) = watch_replay(&mut client, 0).await;
-    assert_eq!(markers.len(), compactions.len());
-    for (logged, replied) in markers.iter().zip(&compactions) {
-        assert_eq!(logged, replied);
+    for logged in &compactions {
         for id in &logged.evicted_span_ids {
             let archived = client
                 .get_span(pb::GetSpanRequest {

@@ -15,4 +15,5 @@ mod burst;
 mod cliff;
 mod durable;
 mod ops;
+mod policy;
 mod watch;

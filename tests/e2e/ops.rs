@@ -95,13 +95,6 @@ async fn health_reflection_and_server_info_answer() {
     assert_eq!(info.durability, "flush");
     assert_eq!(info.next_marker_seq, 1);
     assert!(info.limits.unwrap().max_spans_per_turn > 0);
-
-    let status = client
-        .plan_compaction(pb::PlanCompactionRequest::default())
-        .await
-        .expect_err("not served yet");
-    assert_eq!(status.code(), Code::Unimplemented);
-    assert!(status.message().contains("PlanCompaction"));
 }
 
 #[tokio::test]

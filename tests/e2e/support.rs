@@ -169,7 +169,22 @@ impl Drop for Daemon {
 }
 
 /// A session config with a window and defaults for the rest.
+///
+/// The soft watermark is the budget itself, so no background
+/// pre-compaction runs: every compaction happens at admission, in the
+/// reply that needed it, where these tests look for it. Tests of the
+/// background path use [`defaults`].
 pub fn window(tokens: u32) -> pb::SessionConfig {
+    pb::SessionConfig {
+        window_tokens: Some(tokens),
+        soft_watermark: Some(1.0),
+        ..Default::default()
+    }
+}
+
+/// A configuration of `tokens` with every other field at the daemon's
+/// default, background pre-compaction included.
+pub fn defaults(tokens: u32) -> pb::SessionConfig {
     pb::SessionConfig {
         window_tokens: Some(tokens),
         ..Default::default()
@@ -319,4 +334,12 @@ pub fn prose(seed: u64, topic: &[&str], words: usize) -> String {
     let mut text = out.join(" ");
     text.push('.');
     text
+}
+
+/// Seconds since the Unix epoch, to compare with marker timestamps.
+pub fn now_unix_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }

@@ -1,16 +1,21 @@
 //! Admission: whether a turn fits, needs a compaction, or must be refused
 //! (DESIGN §4, steps 4–5).
 //!
-//! The server counts, classifies, locks and persists around this function;
-//! the decision itself is pure. A compaction is only ever returned together
-//! with a passing verdict of the independent verifier: the planner's output
-//! is never trusted on its own, and a plan that fails verification is a
-//! refusal (fail closed), never a partial admission.
+//! The decision is pure; [`crate::session::Session::admit`] builds the
+//! turn's spans around it and turns it into a change to write. A
+//! compaction is only ever returned together with a passing verdict of the
+//! independent verifier: the planner's output is never trusted on its own,
+//! and a plan that fails verification is a refusal (fail closed), never a
+//! partial admission.
+//!
+//! A turn is refused without planning when it cannot fit even after the
+//! most a valid compaction can do: every narrative span and summary
+//! evicted and every constraint in its shortest built-in compressed form.
+//! Those sizes are only computed when the plain ones do not fit.
 
 use crate::config::SessionConfig;
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
-use crate::planner::{PlanInput, apply, plan};
-use crate::relevance::RelevanceWeights;
+use crate::planner::{PlanInput, apply, compressed_pinned_tokens, plan};
 use crate::span::{Span, SpanId};
 use crate::tokens::TokenCounter;
 use crate::verify::verify;
@@ -18,7 +23,7 @@ use crate::verify::verify;
 /// What an admission needs to know.
 #[derive(Debug, Clone, Copy)]
 pub struct AdmissionInput<'a> {
-    /// The session's configuration.
+    /// The session's configuration, relevance weights included.
     pub config: &'a SessionConfig,
     /// The live context, in prompt order.
     pub live: &'a [Span],
@@ -68,12 +73,8 @@ pub struct Refusal {
 }
 
 /// Decides whether the incoming turn fits, needs a compaction, or must be
-/// refused.
-pub fn decide(
-    input: &AdmissionInput<'_>,
-    weights: &RelevanceWeights,
-    counter: &dyn TokenCounter,
-) -> Decision {
+/// refused. Relevance is weighted as `input.config.relevance` says.
+pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
     let config = input.config;
     let total = |spans: &[Span], pinned_only: bool| -> u64 {
         spans
@@ -97,24 +98,32 @@ pub fn decide(
     if live + incoming <= budget {
         return Decision::Fits;
     }
+    // The least the live constraints can be brought to; only computed
+    // when they do not leave room as they stand.
+    let least_pinned =
+        if live_pinned + incoming_pinned > budget || incoming > budget - live_pinned.min(budget) {
+            compressed_pinned_tokens(input.live, counter)
+        } else {
+            live_pinned
+        };
     let named = format!(
-        "live {live}, incoming {incoming}, pinned {} (live {live_pinned} + incoming {incoming_pinned}), budget {budget}, window {}",
+        "live {live}, incoming {incoming}, pinned {} (live {live_pinned} + incoming {incoming_pinned}; live compressible to {least_pinned}), budget {budget}, window {}",
         sizes.pinned, sizes.window
     );
-    if live_pinned + incoming_pinned > budget {
+    if least_pinned + incoming_pinned > budget {
         return refuse(
             sizes,
             ViolationKind::PinnedExceedBudget,
-            format!("pinned constraints alone exceed the budget: {named}"),
+            format!("pinned constraints alone exceed the budget, even compressed: {named}"),
         );
     }
-    if incoming > budget - live_pinned {
+    if incoming > budget - least_pinned {
         return refuse(
             sizes,
             ViolationKind::TurnTooLarge,
             format!(
-                "the turn is larger than budget - pinned = {}: {named}",
-                budget - live_pinned
+                "the turn is larger than budget - pinned = {} (pinned compressed as far as their predicates allow): {named}",
+                budget - least_pinned
             ),
         );
     }
@@ -135,7 +144,7 @@ pub fn decide(
         now_ms: input.now_ms,
         target_tokens: None,
     };
-    let plan = plan(&plan_input, weights, counter);
+    let plan = plan(&plan_input, counter);
     let post = apply(input.live, &plan);
     let verdict = verify(input.live, &plan, &post, incoming, config, counter);
     if verdict.passed() {
@@ -187,7 +196,7 @@ mod tests {
             turn: next,
             now_ms: 5,
         };
-        decide(&input, &RelevanceWeights::default(), &ByteLength)
+        decide(&input, &ByteLength)
     }
 
     fn session() -> Vec<Span> {

@@ -165,6 +165,20 @@ impl SessionConfig {
         (self.soft_watermark * f64::from(self.budget_tokens())).floor() as u32
     }
 
+    /// What a background pre-compaction aims at: as far below the soft
+    /// watermark as the watermark is below the budget,
+    /// `2·soft_watermark_tokens − budget` (0 at most).
+    ///
+    /// Aiming at the watermark itself would leave the session one small
+    /// turn away from crossing it again, so every later turn would be
+    /// followed by a compaction and summaries would climb generations at
+    /// the pace of the turns. The band below the watermark is the room the
+    /// next turns use before another pre-compaction is needed.
+    pub fn soft_target_tokens(&self) -> u32 {
+        let soft = self.soft_watermark_tokens();
+        soft.saturating_sub(self.budget_tokens().saturating_sub(soft))
+    }
+
     /// The most tokens one summary may take.
     pub fn effective_summary_max_tokens(&self) -> u32 {
         if self.summary_max_tokens > 0 {

@@ -1,11 +1,13 @@
 //! The planner: proposes a compaction (DESIGN §5.5).
 //!
-//! Only narrative and earlier summaries are evicted, never a constraint:
-//! first every span whose relevance is below the session's floor, then more
-//! by ascending relevance until the live context plus the incoming turn fits
-//! the target. Everything evicted becomes one summary span where the first
-//! evicted span stood. A plan is a proposal: the verifier decides whether it
-//! may be committed.
+//! Narrative and earlier summaries are evicted first: every span whose
+//! relevance is below the session's floor, then more by ascending
+//! relevance (weighted as the session's configuration says) until the live
+//! context plus the incoming turn fits the target. Everything evicted
+//! becomes one summary span where the first evicted span stood. A
+//! constraint is never evicted; only when evicting every candidate still
+//! leaves no room are constraints compressed. A plan is a proposal: the
+//! verifier decides whether it may be committed.
 //!
 //! # Target and summary room
 //!
@@ -15,23 +17,40 @@
 //! tokens is `min(summary cap, E/4 + 32)`: a summary gets about a quarter
 //! of what it replaces. When the target cannot be reached even by evicting
 //! every candidate, the budget is the target instead. The summary's anchors
-//! may then use `min(summary cap, budget − kept − incoming)` — dropping an
-//! anchor is a loss, exceeding the soft target by a few anchors is not —
-//! while its sentences stop at `target − kept − incoming`.
+//! may then use `min(anchor budget, summary cap, budget − kept − incoming)`
+//! — dropping an anchor is a loss, exceeding the soft target by a few
+//! anchors is not — while its sentences stop at `target − kept − incoming`.
+//!
+//! # Compression
+//!
+//! When the live context and the turn exceed the budget and even evicting
+//! every candidate does not make room for the turn and the summary's
+//! reserve, constraints are compressed with [`crate::predicate::compress`],
+//! largest saving first, until they do or none is left. A compressed span
+//! keeps its id and position; its text becomes the form, and the form it
+//! was admitted in is kept in [`Span::original`] (the first one, when it
+//! was compressed before), so every later check compares against what the
+//! caller pinned. When that still leaves no room for the turn the plan is
+//! over budget and the verifier refuses it: an escalation.
 //!
 //! # Cost
 //!
 //! One relevance pass over the live text, one sort of the candidates, a
 //! linear scan over their prefix sums, and a summary of the evicted spans
 //! whose sentence work is bounded; kept spans are never re-tokenised.
+//! Compression, when needed, costs one pass of the compressor over each
+//! constraint and one sort.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::config::SessionConfig;
-use crate::plan::{Eviction, EvictionReason, Plan};
-use crate::relevance::{RelevanceWeights, score};
-use crate::span::{ClassSource, Classification, Role, Span, SpanClass, SpanId, SummaryInfo};
-use crate::summary::summarize_bounded;
+use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
+use crate::predicate::{check, compress};
+use crate::relevance::score;
+use crate::span::{
+    ClassSource, Classification, OriginalForm, Role, Span, SpanClass, SpanId, SummaryInfo,
+};
+use crate::summary::{SummaryLimits, summarize_limited};
 use crate::tokens::TokenCounter;
 
 /// Tokens reserved for a summary's header on top of its share of the
@@ -41,7 +60,8 @@ pub const SUMMARY_HEADER_RESERVE: u64 = 32;
 /// What the planner needs to know about one session at one moment.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInput<'a> {
-    /// The session's configuration (budget, floor, summary limits).
+    /// The session's configuration (budget, floor, relevance weights,
+    /// summary limits).
     pub config: &'a SessionConfig,
     /// The live context, in prompt order.
     pub live: &'a [Span],
@@ -60,9 +80,77 @@ pub struct PlanInput<'a> {
     pub target_tokens: Option<u64>,
 }
 
+/// The tokens a constraint was pinned with: its original form's, when it
+/// stands compressed, else its own. Every compressed form is checked
+/// against these, so that compressing twice can never lengthen what the
+/// caller pinned.
+pub fn original_tokens(span: &Span) -> u32 {
+    span.original.as_ref().map_or(span.tokens, |o| o.tokens)
+}
+
+/// The built-in compressed form of every live constraint that has one
+/// strictly shorter than its current text and satisfying its predicate
+/// against its original tokens, largest saving first (ties in prompt
+/// order).
+pub fn compressions(live: &[Span], counter: &dyn TokenCounter) -> Vec<CompressedForm> {
+    ranked_compressions(live, counter)
+        .into_iter()
+        .map(|c| c.form)
+        .collect()
+}
+
+/// A compressed form with what it saves and where its span stands.
+struct Ranked {
+    form: CompressedForm,
+    saves: u32,
+    position: u64,
+}
+
+fn ranked_compressions(live: &[Span], counter: &dyn TokenCounter) -> Vec<Ranked> {
+    let mut forms: Vec<Ranked> = live
+        .iter()
+        .filter(|s| s.is_pinned())
+        .filter_map(|s| {
+            let predicate = s.predicate.as_ref()?;
+            let text = compress(&s.text, predicate, counter)?;
+            let tokens = counter.count(&text);
+            if tokens >= s.tokens || check(&text, tokens, original_tokens(s), predicate).is_err() {
+                return None;
+            }
+            Some(Ranked {
+                saves: s.tokens - tokens,
+                position: s.position,
+                form: CompressedForm {
+                    span_id: s.id,
+                    text,
+                    tokens,
+                },
+            })
+        })
+        .collect();
+    forms.sort_unstable_by(|a, b| b.saves.cmp(&a.saves).then(a.position.cmp(&b.position)));
+    forms
+}
+
+/// The least the live constraints can take: their tokens with every
+/// built-in compressed form applied. Admission refuses a turn only when it
+/// does not fit even next to this.
+pub fn compressed_pinned_tokens(live: &[Span], counter: &dyn TokenCounter) -> u64 {
+    let pinned: u64 = live
+        .iter()
+        .filter(|s| s.is_pinned())
+        .map(|s| u64::from(s.tokens))
+        .sum();
+    let saved: u64 = ranked_compressions(live, counter)
+        .iter()
+        .map(|c| u64::from(c.saves))
+        .sum();
+    pinned.saturating_sub(saved)
+}
+
 /// Proposes a compaction of `input.live` that leaves room for the incoming
 /// turn.
-pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn TokenCounter) -> Plan {
+pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
     let config = input.config;
     let live = input.live;
     let budget = u64::from(config.budget_tokens());
@@ -72,7 +160,7 @@ pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn Tok
     let incoming = input.incoming_tokens;
     let cap = u64::from(config.effective_summary_max_tokens());
 
-    let relevance = score(live, input.query, input.turn, weights);
+    let relevance = score(live, input.query, input.turn, &config.relevance);
     let floor = config.relevance_floor;
     // Relevance is in [0, 1], so its bits order like its value: sort plain
     // integer keys (relevance, position) rather than compare floats.
@@ -101,21 +189,39 @@ pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn Tok
     let fits = |k: usize, goal: u64| {
         let evicted = prefix[k];
         let kept = before - evicted;
-        kept + incoming + reserve(evicted) <= goal
+        kept.saturating_add(incoming)
+            .saturating_add(reserve(evicted))
+            <= goal
     };
     let first_fit = |goal: u64| (mandatory..=order.len()).find(|&k| fits(k, goal));
-    let (count, goal) = match first_fit(target) {
-        Some(k) => (k, target),
+    let (count, goal, exhausted) = match first_fit(target) {
+        Some(k) => (k, target, false),
         None => match first_fit(budget) {
-            Some(k) => (k, budget),
-            None => (order.len(), budget),
+            Some(k) => (k, budget, false),
+            None => (order.len(), budget, true),
         },
     };
 
     let mut chosen: Vec<usize> = order[..count].to_vec();
     chosen.sort_unstable_by_key(|&i| live[i].position);
     let evicted_tokens = prefix[count];
-    let kept = before - evicted_tokens;
+    let mut kept = before - evicted_tokens;
+
+    let mut compressed = Vec::new();
+    if exhausted && before.saturating_add(incoming) > budget {
+        let room_needed = incoming.saturating_add(reserve(evicted_tokens));
+        let mut ranked = Vec::new();
+        for c in ranked_compressions(live, counter) {
+            if kept.saturating_add(room_needed) <= budget {
+                break;
+            }
+            kept -= u64::from(c.saves);
+            ranked.push(c);
+        }
+        ranked.sort_unstable_by_key(|c| c.position);
+        compressed = ranked.into_iter().map(|c| c.form).collect();
+    }
+
     let evictions: Vec<Eviction> = chosen
         .iter()
         .map(|&i| Eviction {
@@ -136,53 +242,34 @@ pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn Tok
     if !chosen.is_empty() {
         // Anchors may use all the room under the budget; prose only what
         // keeps the session at its goal.
-        let room = budget.saturating_sub(kept + incoming).min(cap);
-        let prose = goal.saturating_sub(kept + incoming).min(room);
+        let room = budget
+            .saturating_sub(kept.saturating_add(incoming))
+            .min(cap);
+        let prose = goal.saturating_sub(kept.saturating_add(incoming)).min(room);
         let evicted: Vec<&Span> = chosen.iter().map(|&i| &live[i]).collect();
-        let draft = summarize_bounded(
+        let written = write_summary(
             &evicted,
-            u32::try_from(room).unwrap_or(u32::MAX),
-            u32::try_from(prose).unwrap_or(u32::MAX),
-            config.max_summary_generations,
+            SummaryRoom {
+                tokens: room,
+                prose_tokens: prose,
+            },
+            config,
+            SummarySlot {
+                id: input.next_span_id,
+                turn: input.turn,
+                now_ms: input.now_ms,
+            },
             counter,
         );
-        anchors_dropped = draft.anchors_dropped;
-        if !draft.text.is_empty() {
-            anchors_carried = u32::try_from(draft.anchors.len()).unwrap_or(u32::MAX);
-            let earlier_drops = evicted
-                .iter()
-                .filter_map(|s| s.summary.as_ref())
-                .fold(0u32, |n, info| n.saturating_add(info.anchors_dropped));
-            summary = Some(Span {
-                id: input.next_span_id,
-                position: evicted[0].position,
-                role: Role::System,
-                classification: Classification {
-                    class: SpanClass::Summary,
-                    source: ClassSource::Broker,
-                    rule: String::new(),
-                },
-                text: draft.text,
-                tokens: draft.tokens,
-                generation: draft.generation,
-                turn: input.turn,
-                predicate: None,
-                summary: Some(SummaryInfo {
-                    covers: draft.covers,
-                    anchors: draft.anchors,
-                    anchors_dropped: draft.anchors_dropped.saturating_add(earlier_drops),
-                }),
-                relevance_hint: None,
-                admitted_at_ms: input.now_ms,
-                original: None,
-            });
-        }
+        anchors_carried = written.anchors_carried;
+        anchors_dropped = written.anchors_dropped;
+        summary = written.span;
     }
     let summary_tokens = summary.as_ref().map_or(0, |s| u64::from(s.tokens));
     Plan {
         evicted: evictions,
         summary,
-        compressed: Vec::new(),
+        compressed,
         tokens_before: before,
         tokens_after: kept + summary_tokens,
         incoming_tokens: incoming,
@@ -192,8 +279,101 @@ pub fn plan(input: &PlanInput<'_>, weights: &RelevanceWeights, counter: &dyn Tok
     }
 }
 
+/// The room a summary is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryRoom {
+    /// The most tokens the summary may take in all (anchors are further
+    /// capped by the session's anchor budget).
+    pub tokens: u64,
+    /// The most its prose may bring it to.
+    pub prose_tokens: u64,
+}
+
+/// Where a summary span goes: its id, and the turn and time that stamp it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummarySlot {
+    /// The id the summary takes.
+    pub id: SpanId,
+    /// The turn that compacts.
+    pub turn: u64,
+    /// When it is written.
+    pub now_ms: u64,
+}
+
+/// A summary written for a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WrittenSummary {
+    /// The span, or `None` when not even a header fits.
+    pub span: Option<Span>,
+    /// Anchors it carries verbatim.
+    pub anchors_carried: u32,
+    /// Anchors of the evicted spans it could not carry (this compaction
+    /// only).
+    pub anchors_dropped: u32,
+}
+
+/// Writes the summary span of `evicted` (in prompt order): the one place
+/// that turns a draft into a span, so that every compaction, whatever its
+/// trigger, records generation, covers and anchors the same way.
+pub fn write_summary(
+    evicted: &[&Span],
+    room: SummaryRoom,
+    config: &SessionConfig,
+    slot: SummarySlot,
+    counter: &dyn TokenCounter,
+) -> WrittenSummary {
+    let max = u32::try_from(room.tokens).unwrap_or(u32::MAX);
+    let limits = SummaryLimits {
+        max_tokens: max,
+        prose_tokens: u32::try_from(room.prose_tokens).unwrap_or(u32::MAX),
+        anchor_tokens: config.effective_anchor_budget_tokens().min(max),
+    };
+    let draft = summarize_limited(evicted, limits, config.max_summary_generations, counter);
+    if draft.text.is_empty() || evicted.is_empty() {
+        return WrittenSummary {
+            span: None,
+            anchors_carried: 0,
+            anchors_dropped: draft.anchors_dropped,
+        };
+    }
+    let earlier_drops = evicted
+        .iter()
+        .filter_map(|s| s.summary.as_ref())
+        .fold(0u32, |n, info| n.saturating_add(info.anchors_dropped));
+    let anchors_carried = u32::try_from(draft.anchors.len()).unwrap_or(u32::MAX);
+    let span = Span {
+        id: slot.id,
+        position: evicted.iter().map(|s| s.position).min().unwrap_or(0),
+        role: Role::System,
+        classification: Classification {
+            class: SpanClass::Summary,
+            source: ClassSource::Broker,
+            rule: String::new(),
+        },
+        text: draft.text,
+        tokens: draft.tokens,
+        generation: draft.generation,
+        turn: slot.turn,
+        predicate: None,
+        summary: Some(SummaryInfo {
+            covers: draft.covers,
+            anchors: draft.anchors,
+            anchors_dropped: draft.anchors_dropped.saturating_add(earlier_drops),
+        }),
+        relevance_hint: None,
+        admitted_at_ms: slot.now_ms,
+        original: None,
+    };
+    WrittenSummary {
+        span: Some(span),
+        anchors_carried,
+        anchors_dropped: draft.anchors_dropped,
+    }
+}
+
 /// The live context after `plan`: evicted spans removed, compressed forms
-/// substituted, the summary inserted at its position, in prompt order.
+/// substituted (each keeping the form it was first admitted in), the
+/// summary inserted at its position, in prompt order.
 pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
     let evicted: HashSet<SpanId> = plan.evicted.iter().map(|e| e.span_id).collect();
     let compressed: HashMap<SpanId, _> = plan.compressed.iter().map(|c| (c.span_id, c)).collect();
@@ -201,11 +381,7 @@ pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
         .iter()
         .filter(|s| !evicted.contains(&s.id))
         .map(|s| match compressed.get(&s.id) {
-            Some(form) => Span {
-                text: form.text.clone(),
-                tokens: form.tokens,
-                ..s.clone()
-            },
+            Some(form) => compressed_span(s, &form.text, form.tokens),
             None => s.clone(),
         })
         .collect();
@@ -216,11 +392,26 @@ pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
     post
 }
 
+/// `span` standing as `text`: same id, position, class and predicate, and
+/// the form it was first admitted in kept as its original.
+pub fn compressed_span(span: &Span, text: &str, tokens: u32) -> Span {
+    let original = span.original.clone().unwrap_or_else(|| OriginalForm {
+        text: span.text.clone(),
+        tokens: span.tokens,
+    });
+    Span {
+        text: text.to_owned(),
+        tokens,
+        original: Some(original),
+        ..span.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::plan::CompressedForm;
+    use crate::relevance::RelevanceWeights;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, turn: u64, role: Role, text: &str) -> Span {
@@ -273,7 +464,7 @@ mod tests {
             now_ms: 7,
             target_tokens: None,
         };
-        let plan = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        let plan = plan(&input, &ByteLength);
         assert!(!plan.evicted.is_empty());
         assert!(plan.evicted.iter().all(|e| e.span_id != 1));
         let post = apply(&live, &plan);
@@ -297,7 +488,7 @@ mod tests {
             now_ms: 99,
             target_tokens: None,
         };
-        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        let p = plan(&input, &ByteLength);
         assert_eq!(p.tokens_before, before);
         assert_eq!(p.incoming_tokens, 500);
         assert_eq!(p.target_tokens, u64::from(config.soft_watermark_tokens()));
@@ -334,7 +525,7 @@ mod tests {
         live[2].relevance_hint = Some(0.0);
         let mut config = SessionConfig::with_window(100_000);
         config.relevance_floor = 0.45;
-        let weights = RelevanceWeights {
+        config.relevance = RelevanceWeights {
             hint: 1.0,
             ..RelevanceWeights::default()
         };
@@ -348,7 +539,7 @@ mod tests {
             now_ms: 0,
             target_tokens: None,
         };
-        let p = plan(&input, &weights, &ByteLength);
+        let p = plan(&input, &ByteLength);
         assert_eq!(p.evicted.len(), 1);
         assert_eq!(p.evicted[0].span_id, 3);
         assert_eq!(p.evicted[0].reason, EvictionReason::BelowFloor);
@@ -369,7 +560,7 @@ mod tests {
             now_ms: 0,
             target_tokens: None,
         };
-        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        let p = plan(&input, &ByteLength);
         assert!(p.evicted.is_empty() && p.summary.is_none());
         assert_eq!(p.tokens_after, p.tokens_before);
         assert_eq!(apply(&live, &p), live);
@@ -396,7 +587,7 @@ mod tests {
             now_ms: 0,
             target_tokens: Some(100),
         };
-        let p = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        let p = plan(&input, &ByteLength);
         assert_eq!(p.target_tokens, u64::from(config.budget_tokens()));
         assert!(p.tokens_after + 600 <= u64::from(config.budget_tokens()));
     }

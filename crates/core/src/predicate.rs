@@ -377,6 +377,36 @@ fn quoted_strings<'a>(text: &'a str, code: &[(usize, usize)]) -> Vec<&'a str> {
     out
 }
 
+/// A constraint's predicate from what a caller gave (on admission or on
+/// `Pin`): the caller's modality and required terms where given, the rest
+/// derived from `text`. Blank terms are ignored: they would be satisfied
+/// by any form and so demand nothing.
+pub fn with_caller_parts(
+    text: &str,
+    modality: Option<Modality>,
+    required_terms: Vec<String>,
+) -> Predicate {
+    let derived = derive(text, modality);
+    let terms: Vec<String> = required_terms
+        .into_iter()
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    if !terms.is_empty() {
+        Predicate {
+            modality: derived.modality,
+            required_terms: terms,
+            source: PredicateSource::Caller,
+        }
+    } else if modality.is_some() {
+        Predicate {
+            source: PredicateSource::Caller,
+            ..derived
+        }
+    } else {
+        derived
+    }
+}
+
 /// Whether `hay` contains `term` case-insensitively as a whole word: not
 /// preceded or followed by a word character, where the term's own edge is a
 /// word character.

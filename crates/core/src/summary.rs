@@ -136,6 +136,49 @@ pub fn summarize_bounded(
     max_generations: u32,
     counter: &dyn TokenCounter,
 ) -> SummaryDraft {
+    let limits = SummaryLimits {
+        max_tokens,
+        prose_tokens,
+        anchor_tokens: max_tokens,
+    };
+    summarize_limited(evicted, limits, max_generations, counter)
+}
+
+/// The limits one summary is written within.
+///
+/// Three limits rather than one because they protect different things:
+/// the whole text must fit the room the budget leaves, prose is only worth
+/// the share that keeps the session at its target, and a session may cap
+/// its anchors so that summaries of summaries do not grow without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryLimits {
+    /// The most tokens the whole text may take, counted on the final text.
+    pub max_tokens: u32,
+    /// Sentences are added only while the text stays within this many.
+    pub prose_tokens: u32,
+    /// The most tokens the anchors may take (the session's anchor budget);
+    /// anchors past it are dropped and counted.
+    pub anchor_tokens: u32,
+}
+
+/// [`summarize_bounded`] with the anchors capped separately, at
+/// `limits.anchor_tokens`.
+///
+/// # Accounting
+///
+/// An anchor of the inputs counts as carried exactly when it stands in the
+/// text verbatim: in the anchors line, inside another anchor kept there
+/// (the path in an error line costs nothing more), or inside a kept
+/// sentence. All other anchors of the inputs are counted as dropped, so
+/// `anchors.len() + anchors_dropped` is the number of distinct input
+/// anchors, and what a marker reports as dropped is what is gone.
+pub fn summarize_limited(
+    evicted: &[&Span],
+    limits: SummaryLimits,
+    max_generations: u32,
+    counter: &dyn TokenCounter,
+) -> SummaryDraft {
+    let max_tokens = limits.max_tokens;
     let max_generation = max_generations.max(1);
     let highest = evicted.iter().map(|s| s.generation).max().unwrap_or(0);
     let generation = highest.saturating_add(1).min(max_generation);
@@ -157,19 +200,20 @@ pub fn summarize_bounded(
         spans: covers.len(),
         generation,
         max_tokens,
+        anchor_tokens: limits.anchor_tokens.min(max_tokens),
     };
     let kept = writer.choose_anchors(&candidates);
-    let mut anchors: Vec<String> = kept.iter().map(|&i| candidates[i].clone()).collect();
-    let mut dropped = candidates.len() - anchors.len();
+    let mut rendered: Vec<String> = kept.iter().map(|&i| candidates[i].clone()).collect();
+    let mut dropped = candidates.len() - carried(&candidates, &rendered, &[]).len();
 
     let originals: Vec<&Span> = evicted.iter().copied().filter(|s| !is_summary(s)).collect();
-    let used = writer.measure(&anchors, &[], dropped);
-    let prose_room = max_tokens.min(prose_tokens).saturating_sub(used);
+    let used = writer.measure(&rendered, &[], dropped);
+    let prose_room = max_tokens.min(limits.prose_tokens).saturating_sub(used);
     let mut sentences = choose_sentences(&originals, &seen, prose_room, counter);
 
     // Pieces were counted one by one; the final text is what counts. Trim
     // from the end until it fits (sentences first, then anchors).
-    let mut text = writer.render(&anchors, &sentences, dropped);
+    let mut text = writer.render(&rendered, &sentences, dropped);
     let mut tokens = counter.count(&text);
     while tokens > max_tokens {
         let over = tokens - max_tokens;
@@ -177,29 +221,87 @@ pub fn summarize_bounded(
         while freed < over {
             if let Some(s) = sentences.pop() {
                 freed = freed.saturating_add(counter.count(&s).saturating_add(2));
-            } else if let Some(next) = least_valuable(&anchors) {
-                let a = anchors.remove(next);
+            } else if let Some(next) = least_valuable(&rendered) {
+                let a = rendered.remove(next);
                 dropped += 1;
                 freed = freed.saturating_add(counter.count(&a).saturating_add(2));
             } else {
                 break;
             }
         }
-        text = writer.render(&anchors, &sentences, dropped);
+        text = writer.render(&rendered, &sentences, dropped);
         tokens = counter.count(&text);
-        if sentences.is_empty() && anchors.is_empty() && tokens > max_tokens {
+        if sentences.is_empty() && rendered.is_empty() && tokens > max_tokens {
             text = String::new();
             tokens = 0;
+        }
+    }
+
+    // What the final text carries decides the account; the header is only
+    // rewritten when its count changes and the new one still fits.
+    let anchors = if text.is_empty() {
+        Vec::new()
+    } else {
+        carried(&candidates, &rendered, &sentences)
+    };
+    let final_dropped = candidates.len() - anchors.len();
+    if !text.is_empty() && final_dropped != dropped {
+        let rewritten = writer.render(&rendered, &sentences, final_dropped);
+        let n = counter.count(&rewritten);
+        if n <= max_tokens {
+            text = rewritten;
+            tokens = n;
         }
     }
     SummaryDraft {
         text,
         tokens,
         anchors,
-        anchors_dropped: u32::try_from(dropped).unwrap_or(u32::MAX),
+        anchors_dropped: u32::try_from(final_dropped).unwrap_or(u32::MAX),
         generation,
         covers,
     }
+}
+
+/// Above this many byte comparisons, [`carried`] looks candidates up among
+/// the anchors of the kept pieces instead of searching the text for each.
+const EXACT_SEARCH_BUDGET: usize = 4 << 20;
+
+/// The candidates (in their order) that stand verbatim in a summary made
+/// of `rendered` anchors and `sentences`.
+///
+/// Searching the text for every candidate is exact; when that would cost
+/// too much (thousands of candidates), a candidate counts as carried when
+/// it is one of the rendered anchors or one of the anchors found in a kept
+/// piece. Either way nothing is claimed that is not in the text.
+fn carried(candidates: &[String], rendered: &[String], sentences: &[String]) -> Vec<String> {
+    let pieces_len: usize = rendered.iter().chain(sentences).map(|p| p.len() + 3).sum();
+    if candidates.len().saturating_mul(pieces_len) <= EXACT_SEARCH_BUDGET {
+        let body = rendered
+            .iter()
+            .chain(sentences)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n");
+        return candidates
+            .iter()
+            .filter(|c| body.contains(c.as_str()))
+            .cloned()
+            .collect();
+    }
+    let inner: Vec<Vec<String>> = rendered
+        .iter()
+        .chain(sentences)
+        .map(|p| extract_anchors(p))
+        .collect();
+    let mut present: FastSet<&str> = fasthash::set(rendered.len() + inner.len() * 4);
+    present.extend(rendered.iter().map(String::as_str));
+    present.extend(inner.iter().flatten().map(String::as_str));
+    candidates
+        .iter()
+        .filter(|c| present.contains(c.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// How much an anchor is worth keeping: lower ranks are dropped first.
@@ -239,6 +341,8 @@ struct Writer<'a> {
     spans: usize,
     generation: u32,
     max_tokens: u32,
+    /// The most the anchors may take, at most `max_tokens`.
+    anchor_tokens: u32,
 }
 
 impl Writer<'_> {
@@ -276,9 +380,11 @@ impl Writer<'_> {
             .count(&self.render(anchors, sentences, dropped))
     }
 
-    /// The indices of the anchors to keep, in order: all of them when they
-    /// fit, otherwise the most valuable first (see [`anchor_rank`]) until
-    /// the budget is spent.
+    /// The indices of the anchors to render, in order: all of them when
+    /// they fit, otherwise the most valuable first (see [`anchor_rank`])
+    /// until the anchor budget is spent. An anchor found inside one already
+    /// chosen (the path in an error line) is carried by it and costs
+    /// nothing.
     fn choose_anchors(&self, candidates: &[String]) -> Vec<usize> {
         if candidates.is_empty() {
             return Vec::new();
@@ -288,7 +394,10 @@ impl Writer<'_> {
             .counter
             .count(&self.header(candidates.len()))
             .saturating_add(3);
-        let mut room = self.max_tokens.saturating_sub(header);
+        let mut room = self
+            .max_tokens
+            .saturating_sub(header)
+            .min(self.anchor_tokens);
         // Tokens never exceed bytes in a byte-level BPE, and rarely fall
         // below a sixteenth of them: count the whole list only when it
         // might fit.
@@ -302,7 +411,11 @@ impl Writer<'_> {
         let mut order: Vec<usize> = (0..candidates.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(keep_key(candidates, i)));
         let mut kept = Vec::new();
+        let mut inside: FastSet<String> = fasthash::set(candidates.len());
         for i in order {
+            if inside.contains(&candidates[i]) {
+                continue;
+            }
             let cost = self.counter.count(&candidates[i]).saturating_add(2);
             if cost > room {
                 // A shorter anchor further down may still fit.
@@ -310,6 +423,7 @@ impl Writer<'_> {
             }
             room -= cost;
             kept.push(i);
+            inside.extend(extract_anchors(&candidates[i]));
         }
         kept.sort_unstable();
         kept

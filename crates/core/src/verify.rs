@@ -17,8 +17,10 @@ use crate::tokens::TokenCounter;
 
 /// Checks that `post` is what `plan` makes of `pre`, and that it keeps
 /// every invariant: pinned constraints retained (verbatim or by a form that
-/// satisfies their predicate), post + incoming within the budget, summary
-/// generation within the session's limit, anchors carried or accounted for.
+/// satisfies their predicate, measured against the form they were pinned
+/// in), compressed forms only once no evictable span is left, post +
+/// incoming within the budget, summary generation within the session's
+/// limit, anchors carried or accounted for.
 pub fn verify(
     pre: &[Span],
     plan: &Plan,
@@ -179,6 +181,29 @@ pub fn verify(
         );
     }
 
+    // Compressed forms are for when nothing evictable is left: a plan that
+    // compresses a constraint while narrative or an earlier summary stays
+    // live shortens what binds the agent instead of what does not.
+    if !plan.compressed.is_empty() {
+        let summary_id = plan.summary.as_ref().map(|s| s.id);
+        let evictable: Vec<SpanId> = post
+            .iter()
+            .filter(|s| !s.is_pinned() && Some(s.id) != summary_id)
+            .map(|s| s.id)
+            .collect();
+        if let Some(&first) = evictable.first() {
+            v.push(
+                ViolationKind::PlanInconsistent,
+                Some(first),
+                format!(
+                    "the plan compresses {} constraints while {} evictable spans stay live (first: span {first}); constraints are compressed only when narrative is exhausted",
+                    plan.compressed.len(),
+                    evictable.len()
+                ),
+            );
+        }
+    }
+
     // Every span of post: its content and its tokens, as far as they can
     // be trusted. `state` records, per pre span, whether post holds it and
     // as what.
@@ -247,7 +272,7 @@ pub fn verify(
 
     // The budget.
     let budget = u64::from(config.budget_tokens());
-    let total = post_tokens + incoming_tokens;
+    let total = post_tokens.saturating_add(incoming_tokens);
     if total > budget {
         v.push(
             ViolationKind::OverBudget,
@@ -333,6 +358,30 @@ fn kept_tokens(
     forms: &FastMap<SpanId, (&str, u32)>,
     counter: &dyn TokenCounter,
 ) -> u32 {
+    if s.is_pinned() && original.is_pinned() && s.predicate != original.predicate {
+        v.push(
+            ViolationKind::PlanInconsistent,
+            Some(s.id),
+            format!("constraint {} has another predicate after compaction", s.id),
+        );
+    }
+    // The form a constraint was pinned in stays with it: recorded on its
+    // first compression, never altered after.
+    let expected_original = match (forms.contains_key(&s.id), &original.original) {
+        (_, Some(first)) => Some(first.clone()),
+        (true, None) => Some(crate::span::OriginalForm {
+            text: original.text.clone(),
+            tokens: original.tokens,
+        }),
+        (false, None) => None,
+    };
+    if s.original != expected_original {
+        v.push(
+            ViolationKind::PlanInconsistent,
+            Some(s.id),
+            format!("span {} does not keep the form it was admitted in", s.id),
+        );
+    }
     match forms.get(&s.id) {
         Some(&(text, tokens)) => {
             if s.text != text {
@@ -382,7 +431,9 @@ fn kept_tokens(
 }
 
 /// A constraint retained by a text other than its own must satisfy its
-/// predicate; one without a predicate cannot be checked and so fails.
+/// predicate, and be no longer than the form it was pinned in (its
+/// original, when it already stood compressed); one without a predicate
+/// cannot be checked and so fails.
 fn check_form(v: &mut Report, original: &Span, text: &str, tokens: u32) {
     let Some(predicate) = &original.predicate else {
         v.push(
@@ -395,7 +446,11 @@ fn check_form(v: &mut Report, original: &Span, text: &str, tokens: u32) {
         );
         return;
     };
-    if let Err(missing) = check(text, tokens, original.tokens, predicate) {
+    let pinned_tokens = original
+        .original
+        .as_ref()
+        .map_or(original.tokens, |o| o.tokens);
+    if let Err(missing) = check(text, tokens, pinned_tokens, predicate) {
         v.push_terms(
             ViolationKind::PredicateUnsatisfied,
             Some(original.id),
@@ -631,7 +686,6 @@ mod tests {
     use crate::plan::{CompressedForm, Eviction, EvictionReason};
     use crate::planner::{PlanInput, apply, plan};
     use crate::predicate::compress;
-    use crate::relevance::RelevanceWeights;
     use crate::span::Role;
     use crate::tokens::ByteLength;
 
@@ -674,7 +728,7 @@ mod tests {
             now_ms: 0,
             target_tokens: None,
         };
-        let plan = plan(&input, &RelevanceWeights::default(), &ByteLength);
+        let plan = plan(&input, &ByteLength);
         Case {
             config,
             pre,
@@ -734,7 +788,25 @@ mod tests {
 
     #[test]
     fn compressed_forms_must_satisfy_the_predicate() {
-        let c = case();
+        // Constraints are compressed only once no narrative is left: a
+        // session of the constraint alone.
+        let mut c = case();
+        c.pre.truncate(1);
+        c.incoming = 0;
+        c.plan = plan(
+            &PlanInput {
+                config: &c.config,
+                live: &c.pre,
+                incoming_tokens: 0,
+                query: "next step",
+                turn: 13,
+                next_span_id: 13,
+                now_ms: 0,
+                target_tokens: None,
+            },
+            &ByteLength,
+        );
+        assert!(c.plan.evicted.is_empty());
         let good = compress(
             &c.pre[0].text,
             c.pre[0].predicate.as_ref().unwrap(),

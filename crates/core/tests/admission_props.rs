@@ -8,8 +8,10 @@ mod support;
 
 use ctxbroker_core::admission::{AdmissionInput, Decision, decide};
 use ctxbroker_core::plan::ViolationKind;
-use ctxbroker_core::planner::apply;
+use ctxbroker_core::planner::{apply, compressed_pinned_tokens};
+use ctxbroker_core::predicate;
 use ctxbroker_core::relevance::RelevanceWeights;
+use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::verify::verify;
 use proptest::prelude::*;
 use support::{Session, session, tokens};
@@ -40,8 +42,10 @@ proptest! {
 
 fn check(s: &Session, w: &RelevanceWeights) -> Result<(), TestCaseError> {
     let c = tokens();
+    let mut config = s.config.clone();
+    config.relevance = *w;
     let input = AdmissionInput {
-        config: &s.config,
+        config: &config,
         live: &s.live,
         incoming: &s.incoming,
         next_span_id: s.next_span_id,
@@ -53,7 +57,7 @@ fn check(s: &Session, w: &RelevanceWeights) -> Result<(), TestCaseError> {
     let budget = s.budget();
     let live_pinned = Session::pinned(&s.live);
     let pinned = live_pinned + Session::pinned(&s.incoming);
-    match decide(&input, w, c) {
+    match decide(&input, c) {
         Decision::Fits => prop_assert!(live + incoming <= budget),
         Decision::Compact(x) => {
             prop_assert!(live + incoming > budget);
@@ -79,15 +83,40 @@ fn check(s: &Session, w: &RelevanceWeights) -> Result<(), TestCaseError> {
                 "{post_tokens} + {incoming} > {budget}"
             );
             prop_assert!(post_tokens + incoming <= u64::from(s.config.window_tokens));
+            // Every constraint is kept: verbatim, or — only when no
+            // narrative is left to evict — in a compressed form that
+            // satisfies its predicate against the tokens it was pinned with.
+            let narrative_left = x.post.iter().any(|p| p.class() == SpanClass::Narrative);
             for pinned in s.live.iter().filter(|p| p.is_pinned()) {
                 let kept = x.post.iter().find(|p| p.id == pinned.id);
-                prop_assert_eq!(
-                    kept,
-                    Some(pinned),
-                    "constraint {} dropped or altered",
+                prop_assert!(kept.is_some(), "constraint {} dropped", pinned.id);
+                let kept = kept.unwrap();
+                prop_assert!(x.plan.evicted.iter().all(|e| e.span_id != pinned.id));
+                if kept == pinned {
+                    continue;
+                }
+                prop_assert!(
+                    !narrative_left,
+                    "constraint {} compressed before narrative ran out",
                     pinned.id
                 );
-                prop_assert!(x.plan.evicted.iter().all(|e| e.span_id != pinned.id));
+                prop_assert_eq!(kept.position, pinned.position);
+                prop_assert_eq!(&kept.predicate, &pinned.predicate);
+                let original = kept
+                    .original
+                    .as_ref()
+                    .expect("a compressed span keeps its original");
+                prop_assert_eq!(&original.text, &pinned.text);
+                let wanted = pinned
+                    .predicate
+                    .as_ref()
+                    .expect("a constraint has a predicate");
+                prop_assert!(
+                    predicate::check(&kept.text, kept.tokens, original.tokens, wanted).is_ok(),
+                    "compressed form {:?} does not satisfy {:?}",
+                    kept.text,
+                    wanted
+                );
             }
             if let Some(summary) = &x.plan.summary {
                 prop_assert!(summary.tokens <= s.config.effective_summary_max_tokens());
@@ -102,10 +131,14 @@ fn check(s: &Session, w: &RelevanceWeights) -> Result<(), TestCaseError> {
             prop_assert_eq!(r.sizes.budget, budget);
             prop_assert_eq!(r.sizes.window, u64::from(s.config.window_tokens));
             let kinds: Vec<ViolationKind> = r.violations.iter().map(|v| v.kind).collect();
-            if pinned > budget {
+            // Refused by size only when the turn does not fit even beside
+            // every constraint in its shortest valid form.
+            let least_pinned = compressed_pinned_tokens(&s.live, c);
+            let incoming_pinned = pinned - live_pinned;
+            if least_pinned + incoming_pinned > budget {
                 prop_assert_eq!(kinds, vec![ViolationKind::PinnedExceedBudget]);
                 prop_assert!(r.plan.is_none());
-            } else if incoming > budget - live_pinned {
+            } else if incoming > budget - least_pinned {
                 prop_assert_eq!(kinds, vec![ViolationKind::TurnTooLarge]);
                 prop_assert!(r.plan.is_none());
             } else {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::planner::{PlanInput, apply, plan};
-use ctxbroker_core::relevance::RelevanceWeights;
 use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
 use ctxbroker_core::tokens::{counter, warm_up};
 use ctxbroker_core::verify::verify;
@@ -78,7 +77,7 @@ fn run(n: u64) -> Duration {
         target_tokens: None,
     };
     let start = Instant::now();
-    let p = plan(&input, &RelevanceWeights::default(), c);
+    let p = plan(&input, c);
     let planned = start.elapsed();
     let post = apply(&live, &p);
     let applied = start.elapsed();

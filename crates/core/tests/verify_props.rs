@@ -8,7 +8,6 @@ mod support;
 use ctxbroker_core::plan::{CompressedForm, Eviction, EvictionReason, Plan, ViolationKind};
 use ctxbroker_core::planner::{PlanInput, apply, plan};
 use ctxbroker_core::predicate::{check, compress};
-use ctxbroker_core::relevance::RelevanceWeights;
 use ctxbroker_core::span::{Span, SpanClass};
 use ctxbroker_core::verify::verify;
 use proptest::prelude::*;
@@ -43,9 +42,21 @@ fn valid(s: Session, compress_mask: u64) -> Option<Valid> {
         // Aim at half the narrative, so that something is evicted.
         target_tokens: Some(pinned + incoming + (s.live_tokens() - pinned) / 2),
     };
-    let mut p = plan(&input, &RelevanceWeights::default(), c);
-    // Compress some constraints with the built-in compressor.
+    let mut p = plan(&input, c);
+    // Compress some constraints with the built-in compressor — allowed only
+    // when the plan leaves nothing evictable live.
+    let evicted: Vec<u64> = p.evicted.iter().map(|e| e.span_id).collect();
+    let exhausted = s
+        .live
+        .iter()
+        .all(|x| x.is_pinned() || evicted.contains(&x.id));
     for (k, span) in s.live.iter().filter(|x| x.is_pinned()).enumerate() {
+        if !exhausted {
+            break;
+        }
+        if p.compressed.iter().any(|f| f.span_id == span.id) {
+            continue;
+        }
         if compress_mask >> (k % 64) & 1 == 0 {
             continue;
         }

@@ -1,27 +1,33 @@
-//! The broker: admission (DESIGN §4) and the session lifecycle, between the
-//! wire (converted in `service`) and the store.
+//! The broker: the session lifecycle and every operation that changes a
+//! session, between the wire (converted in `service`) and the store.
+//!
+//! The policy decides (`ctxbroker_core::session::Session` returns a
+//! `Change` or a `Rejection` and mutates nothing); the broker serialises
+//! each session's requests, persists the change through the store's single
+//! writer, and applies it to memory only once it is acknowledged.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ctxbroker_core::admission::{self, AdmissionInput, Decision};
-use ctxbroker_core::config::{ClassifierMode, SessionConfig, SessionMode, TokenizerKind};
-use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
-use ctxbroker_core::plan::{Plan, Sizes};
-use ctxbroker_core::relevance::{self, RelevanceWeights};
+use ctxbroker_core::config::{SessionConfig, TokenizerKind, TriggerPolicy};
+use ctxbroker_core::marker::{Marker, Outcome};
+use ctxbroker_core::session::{
+    CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
+};
 use ctxbroker_core::span::{
-    ClassSource, Classification, Predicate, PredicateSource, Role, SpanClass,
+    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
 };
-use ctxbroker_core::{Span, classify, predicate, tokens};
+use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_store::{
-    AdmitWrite, CompactionWrite, SessionRecord, SpanState, Store, StoredSpan, WriteOp,
-};
-use tracing::{info, warn};
+use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 use crate::config::Limits;
-use crate::convert::{self, tokens32};
+use crate::convert;
 use crate::error::{ApiError, BadField, Escalation};
 use crate::sessions::{Loaded, Sessions};
 use crate::validate;
@@ -29,31 +35,24 @@ use crate::validate;
 /// Texts at least this long are counted on the blocking pool, so that one
 /// 120k-token tool result does not stall the runtime's workers.
 const BLOCKING_COUNT_BYTES: usize = 64 << 10;
+/// How often the staleness guard looks at the sessions in memory.
+const STALENESS_TICK: Duration = Duration::from_millis(100);
 
-/// The broker's state: the store, the sessions in memory and the policy's
-/// settings.
+/// The broker's state: the store, the sessions in memory and the queue of
+/// background pre-compactions.
 #[derive(Debug)]
 pub struct Broker {
     store: Store,
     sessions: Sessions,
     limits: Limits,
-    weights: RelevanceWeights,
     /// Sessions that exist or are being created: reserved before a create is
     /// written, so concurrent creates cannot overshoot `max_sessions`.
     session_count: AtomicU64,
-}
-
-/// A span counted and classified, before it has an id.
-#[derive(Debug)]
-struct Prepared {
-    role: Role,
-    text: String,
-    tokens: u32,
-    classification: Classification,
-    predicate: Option<Predicate>,
-    relevance_hint: Option<f64>,
-    /// The caller left the class unspecified.
-    unclassified: bool,
+    /// Sessions above their soft watermark, waiting for the background
+    /// pre-compaction; the set keeps each queued once.
+    soft_queue: mpsc::UnboundedSender<String>,
+    soft_pending: Mutex<HashSet<String>>,
+    soft_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
 }
 
 /// The result of an admission, for the wire.
@@ -67,6 +66,17 @@ pub struct Admitted {
     pub record: SessionRecord,
 }
 
+/// The result of a commit, an unpin or any other change with a marker.
+#[derive(Debug)]
+pub struct Committed {
+    /// The marker, with its sequence.
+    pub marker: Option<Marker>,
+    /// The record after.
+    pub record: SessionRecord,
+    /// Spans the change rewrote (a pinned or unpinned span).
+    pub replaced: Vec<Span>,
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -75,16 +85,69 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The store write that carries a change.
+fn write_op(change: Change) -> Result<WriteOp, ApiError> {
+    let Change {
+        expected_revision,
+        record,
+        append,
+        evict,
+        summary,
+        replace,
+        marker,
+        spans_after: _,
+    } = change;
+    Ok(match marker {
+        Some(marker) if marker.outcome == Outcome::Aborted => WriteOp::Abort {
+            session_id: record.id.clone(),
+            marker,
+            record,
+        },
+        Some(marker) => WriteOp::Admit(AdmitWrite {
+            expected_revision,
+            record,
+            append,
+            compaction: Some(CompactionWrite {
+                evict,
+                summary,
+                replace,
+                marker,
+            }),
+        }),
+        None if append.is_empty() && evict.is_empty() && summary.is_none() => WriteOp::Rewrite {
+            expected_revision,
+            record,
+            spans: replace,
+        },
+        None if evict.is_empty() && summary.is_none() && replace.is_empty() => {
+            WriteOp::Admit(AdmitWrite {
+                expected_revision,
+                record,
+                append,
+                compaction: None,
+            })
+        }
+        None => {
+            return Err(ApiError::Internal(
+                "a change that evicts or rewrites spans carries no marker".into(),
+            ));
+        }
+    })
+}
+
 impl Broker {
     /// A broker over an open store.
     pub fn new(store: Store, limits: Limits) -> Self {
         let session_count = AtomicU64::new(store.session_count());
+        let (soft_queue, soft_rx) = mpsc::unbounded_channel();
         Broker {
             store,
             sessions: Sessions::default(),
             limits,
-            weights: RelevanceWeights::default(),
             session_count,
+            soft_queue,
+            soft_pending: Mutex::default(),
+            soft_rx: Mutex::new(Some(soft_rx)),
         }
     }
 
@@ -103,6 +166,89 @@ impl Broker {
         self.sessions.resident()
     }
 
+    /// Writes a change and, once the store acknowledges it, applies it to
+    /// the session in memory. Cancel-safe: if this future is dropped while
+    /// the writer holds the change, the next request reloads from disk.
+    async fn persist(&self, loaded: &mut Loaded, change: Change) -> Result<Option<u64>, ApiError> {
+        loaded.stale = true;
+        let op = write_op(change.clone())?;
+        let ack = self.store.write(op).await?;
+        loaded.session.apply(change, ack.marker_seq);
+        loaded.stale = false;
+        Ok(ack.marker_seq)
+    }
+
+    /// Turns a rejection into the caller's error, writing the ABORTED
+    /// marker of an escalation first.
+    async fn reject(&self, loaded: &mut Loaded, rejection: Rejection) -> ApiError {
+        let session_id = loaded.session.record.id.clone();
+        match rejection {
+            Rejection::Escalation {
+                sizes,
+                violations,
+                abort,
+            } => match self.persist(loaded, *abort).await {
+                Ok(seq) => {
+                    let marker_seq = seq.unwrap_or(0);
+                    warn!(
+                        %session_id,
+                        seq = marker_seq,
+                        live = sizes.live,
+                        incoming = sizes.incoming,
+                        pinned = sizes.pinned,
+                        budget = sizes.budget,
+                        "compaction aborted: escalated to the caller"
+                    );
+                    ApiError::Escalation(Box::new(Escalation {
+                        session_id,
+                        sizes,
+                        violations,
+                        marker_seq,
+                    }))
+                }
+                Err(err) => err,
+            },
+            Rejection::ApprovalRequired { plan_id, sizes } => ApiError::ApprovalRequired {
+                session_id,
+                live: sizes.live,
+                incoming: sizes.incoming,
+                budget: sizes.budget,
+                plan_id: plan_id.to_string(),
+            },
+            Rejection::StalePlan { planned, current } => ApiError::StalePlan {
+                session_id,
+                planned,
+                current,
+            },
+            Rejection::SpanNotLive { span_id } => ApiError::SpanNotLive {
+                session_id,
+                span_id,
+            },
+            Rejection::WrongClass { span_id, detail } => ApiError::WrongClass {
+                session_id,
+                span_id,
+                detail,
+            },
+            Rejection::NothingToCommit => ApiError::NothingToCommit { session_id },
+        }
+    }
+
+    /// Persists an operation's outcome: the change, or the rejection's
+    /// error.
+    async fn carry_out(
+        &self,
+        loaded: &mut Loaded,
+        outcome: Result<Change, Rejection>,
+    ) -> Result<(Change, Option<u64>), ApiError> {
+        match outcome {
+            Ok(change) => {
+                let seq = self.persist(loaded, change.clone()).await?;
+                Ok((change, seq))
+            }
+            Err(rejection) => Err(self.reject(loaded, rejection).await),
+        }
+    }
+
     /// Creates a session.
     pub async fn create_session(
         &self,
@@ -118,7 +264,8 @@ impl Broker {
             self.session_count.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::SessionLimit { max });
         }
-        let record = SessionRecord::new(id, config, now_ms());
+        let session = Session::create(id, config, now_ms());
+        let record = session.record.clone();
         let written = self
             .store
             .write(WriteOp::CreateSession {
@@ -132,8 +279,7 @@ impl Broker {
         self.sessions
             .remember_tokenizer(id, record.config.tokenizer);
         *slot = Some(Loaded {
-            record: record.clone(),
-            spans: Vec::new(),
+            session,
             stale: false,
             gone: false,
         });
@@ -147,8 +293,8 @@ impl Broker {
 
     /// A session's record.
     pub async fn session(&self, id: &str) -> Result<SessionRecord, ApiError> {
-        let session = self.sessions.lock(&self.store, id).await?;
-        Ok(session.record.clone())
+        let loaded = self.sessions.lock(&self.store, id).await?;
+        Ok(loaded.session.record.clone())
     }
 
     /// Sessions in id order after `after`, at most `limit`.
@@ -166,32 +312,30 @@ impl Broker {
         id: &str,
         patch: &pb::SessionConfig,
     ) -> Result<SessionRecord, ApiError> {
-        let mut session = self.sessions.lock(&self.store, id).await?;
-        let config = validate::update_config(&session.record.config, patch, &self.limits)?;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        let current = &loaded.session.record;
+        let config = validate::update_config(&current.config, patch, &self.limits)?;
         let budget = u64::from(config.budget_tokens());
-        if session.record.live_tokens > budget {
+        if current.live_tokens > budget {
             return Err(ApiError::ConfigBelowLive {
-                live: session.record.live_tokens,
+                live: current.live_tokens,
                 budget,
             });
         }
-        let mut record = session.record.clone();
+        let mut record = current.clone();
         record.config = config;
         record.revision += 1;
         record.updated_at_ms = now_ms();
-        // Cancel-safe: if this future is dropped while the writer holds the
-        // write, the next request reloads from disk.
-        session.stale = true;
-        let written = self
-            .store
+        let expected_revision = current.revision;
+        loaded.stale = true;
+        self.store
             .write(WriteOp::UpdateSession {
-                expected_revision: session.record.revision,
+                expected_revision,
                 record: record.clone(),
             })
-            .await;
-        written?;
-        session.record = record.clone();
-        session.stale = false;
+            .await?;
+        loaded.session.record = record.clone();
+        loaded.stale = false;
         info!(
             session_id = id,
             revision = record.revision,
@@ -202,13 +346,13 @@ impl Broker {
 
     /// Deletes a session and everything it holds but its markers.
     pub async fn delete_session(&self, id: &str) -> Result<u64, ApiError> {
-        let mut session = self.sessions.lock(&self.store, id).await?;
-        session.stale = true;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        loaded.stale = true;
         let ack = self
             .store
             .write(WriteOp::DeleteSession { id: id.to_owned() })
             .await?;
-        self.sessions.remove(id, &mut session);
+        self.sessions.remove(id, &mut loaded);
         self.session_count.fetch_sub(1, Ordering::SeqCst);
         info!(
             session_id = id,
@@ -220,24 +364,16 @@ impl Broker {
 
     /// The live context with relevance as of the latest turn.
     pub async fn context(&self, id: &str) -> Result<(SessionRecord, Vec<(Span, f64)>), ApiError> {
-        let session = self.sessions.lock(&self.store, id).await?;
-        let latest = session.record.turns;
-        let query: Vec<&str> = session
-            .spans
-            .iter()
-            .filter(|s| s.turn == latest && s.class() != SpanClass::Summary)
-            .map(|s| s.text.as_str())
-            .collect();
-        let query = query.join("\n");
-        let scores = relevance::score(&session.spans, &query, latest, &self.weights);
-        let spans = session.spans.iter().cloned().zip(scores).collect();
-        Ok((session.record.clone(), spans))
+        let loaded = self.sessions.lock(&self.store, id).await?;
+        let scores = loaded.session.relevance();
+        let spans = loaded.session.spans.iter().cloned().zip(scores).collect();
+        Ok((loaded.session.record.clone(), spans))
     }
 
     /// One span, live or archived.
     pub async fn span(&self, id: &str, span_id: u64) -> Result<StoredSpan, ApiError> {
-        let session = self.sessions.lock(&self.store, id).await?;
-        if let Some(span) = session.spans.iter().find(|s| s.id == span_id) {
+        let loaded = self.sessions.lock(&self.store, id).await?;
+        if let Some(span) = loaded.session.spans.iter().find(|s| s.id == span_id) {
             return Ok(StoredSpan {
                 span: span.clone(),
                 state: SpanState::Live,
@@ -257,10 +393,10 @@ impl Broker {
     /// memory update happen within it.
     pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
         let tokenizer = self.sessions.tokenizer(&self.store, id)?;
-        let mut prepared = prepare(inputs, tokenizer).await?;
+        let mut incoming = prepare(inputs, tokenizer).await?;
 
-        let mut session = self.sessions.lock(&self.store, id).await?;
-        let actual = session.record.config.tokenizer;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        let actual = loaded.session.record.config.tokenizer;
         if actual != tokenizer {
             // Deleted and created again with another tokenizer while this
             // turn was being counted.
@@ -269,151 +405,24 @@ impl Broker {
                 return Err(ApiError::StaleRevision {
                     session_id: id.to_owned(),
                     expected: 0,
-                    actual: session.record.revision,
+                    actual: loaded.session.record.revision,
                 });
             }
             let counter = tokens::counter(actual);
-            for p in &mut prepared {
-                p.tokens = counter.count(&p.text);
+            for span in &mut incoming {
+                span.tokens = counter.count(&span.text);
             }
         }
-        match self.admit_locked(&mut session, prepared).await {
-            Ok(admitted) => Ok(admitted),
-            Err(AdmitError::Clean(err)) => Err(err),
-            Err(AdmitError::Dirty(err)) => {
-                // The write may or may not have landed: the next request
-                // starts from what is on disk.
-                session.stale = true;
-                Err(err)
-            }
-        }
-    }
-
-    async fn admit_locked(
-        &self,
-        session: &mut Loaded,
-        prepared: Vec<Prepared>,
-    ) -> Result<Admitted, AdmitError> {
-        let now = now_ms();
-        let before = &session.record;
-        let config = &before.config;
-        let turn = before.turns + 1;
-        let first_id = before.next_span_id;
-        let incoming: Vec<Span> = prepared
-            .iter()
-            .zip(first_id..)
-            .map(|(p, id)| Span {
-                id,
-                position: id,
-                role: p.role,
-                classification: p.classification.clone(),
-                text: p.text.clone(),
-                tokens: p.tokens,
-                generation: 0,
-                turn,
-                predicate: p.predicate.clone(),
-                summary: None,
-                relevance_hint: p.relevance_hint,
-                admitted_at_ms: now,
-                original: None,
-            })
-            .collect();
-        let next_span_id = first_id + incoming.len() as u64;
-        let approval_required = before.approval_required
-            || config.mode == SessionMode::Approval
-            || (config.classifier == ClassifierMode::CallerOnly
-                && prepared.iter().any(|p| p.unclassified));
-
-        let counter = tokens::counter(config.tokenizer);
-        let decision = admission::decide(
-            &AdmissionInput {
-                config,
-                live: &session.spans,
-                incoming: &incoming,
-                next_span_id,
-                turn,
-                now_ms: now,
-            },
-            &self.weights,
-            counter,
-        );
-
-        let incoming_tokens: u64 = incoming.iter().map(|s| u64::from(s.tokens)).sum();
-        let mut record = before.clone();
-        record.turns = turn;
-        record.next_span_id = next_span_id;
-        record.revision += 1;
-        record.updated_at_ms = now;
-        record.last_admit_ms = now;
-        record.approval_required = approval_required && config.mode != SessionMode::Approval;
-
-        let (post, compaction) = match decision {
-            Decision::Fits => (None, None),
-            Decision::Compact(c) => {
-                if approval_required {
-                    return Err(AdmitError::Clean(ApiError::ApprovalRequired {
-                        session_id: before.id.clone(),
-                        live: before.live_tokens,
-                        incoming: incoming_tokens,
-                        budget: u64::from(config.budget_tokens()),
-                    }));
-                }
-                let summary_id = c.plan.summary.as_ref().map(|s| s.id);
-                if let Some(id) = summary_id {
-                    record.next_span_id = record.next_span_id.max(id + 1);
-                }
-                record.compactions += 1;
-                record.archived_spans += c.plan.evicted.len() as u64;
-                record.marker_count += 1;
-                record.last_compaction_turn = turn;
-                let marker = committed_marker(before, &record, &c.plan, &c.post, now);
-                let write = CompactionWrite {
-                    evict: c.plan.evicted.iter().map(|e| e.span_id).collect(),
-                    summary: c.plan.summary.clone(),
-                    replace: Vec::new(),
-                    marker,
-                };
-                (Some(c.post), Some(write))
-            }
-            Decision::Refuse(refusal) => {
-                return Err(self
-                    .record_refusal(session, refusal.sizes, refusal.violations, now)
-                    .await);
-            }
-        };
-
-        let mut live = post.unwrap_or_else(|| session.spans.clone());
-        live.extend(incoming.iter().cloned());
-        record.live_tokens = live.iter().map(|s| u64::from(s.tokens)).sum();
-        record.live_spans = live.len() as u64;
-        record.pinned_tokens = live
-            .iter()
-            .filter(|s| s.is_pinned())
-            .map(|s| u64::from(s.tokens))
-            .sum();
-        record.pinned_spans = live.iter().filter(|s| s.is_pinned()).count() as u64;
-
-        // Cancel-safe: if this future is dropped while the writer holds the
-        // write, the next request reloads from disk.
-        session.stale = true;
-        let ack = self
-            .store
-            .write(WriteOp::Admit(AdmitWrite {
-                expected_revision: before.revision,
-                record: record.clone(),
-                append: incoming.clone(),
-                compaction: compaction.clone(),
-            }))
-            .await
-            .map_err(|err| AdmitError::Dirty(err.into()))?;
-
-        let marker = compaction.map(|write| {
-            let mut marker = write.marker;
-            marker.seq = ack.marker_seq.unwrap_or(0);
+        let counter = tokens::counter(actual);
+        let outcome = loaded.session.admit(incoming, now_ms(), counter);
+        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let marker = change.marker.map(|mut marker| {
+            marker.seq = seq.unwrap_or(0);
             info!(
-                session_id = %record.id,
+                session_id = id,
                 seq = marker.seq,
                 evicted = marker.evicted.len(),
+                compressed = marker.compressed.len(),
                 tokens_before = marker.tokens_before,
                 tokens_after = marker.tokens_after,
                 incoming = marker.incoming_tokens,
@@ -421,149 +430,220 @@ impl Broker {
             );
             marker
         });
-        session.record = record.clone();
-        session.spans = live;
-        session.stale = false;
+        let record = loaded.session.record.clone();
+        // Above the soft watermark with something admitted since the last
+        // compaction: make room in the background, so that the admission
+        // that crosses the budget usually finds it made.
+        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
+            && record.turns > record.last_compaction_turn
+        {
+            self.queue_soft(id);
+        }
         Ok(Admitted {
-            spans: incoming,
+            spans: change.append,
             marker,
             record,
         })
     }
 
-    /// Writes the ABORTED marker of a refused turn and returns the
-    /// escalation for the caller. Nothing but the session's marker count
-    /// changes.
-    async fn record_refusal(
+    /// A dry run of a compaction, bound to the session's revision.
+    pub async fn plan(
         &self,
-        session: &mut Loaded,
-        sizes: Sizes,
-        violations: Vec<ctxbroker_core::plan::Violation>,
-        now: u64,
-    ) -> AdmitError {
-        let before = &session.record;
-        let mut record = before.clone();
-        record.marker_count += 1;
-        let pinned_total = session.spans.iter().filter(|s| s.is_pinned()).count() as u32;
-        let marker = Marker {
-            seq: 0,
-            session_id: before.id.clone(),
-            session_seq: record.marker_count,
-            trigger: CompactionTrigger::HardBudget,
-            outcome: Outcome::Aborted,
-            tokens_before: tokens32(before.live_tokens),
-            tokens_after: tokens32(before.live_tokens),
-            incoming_tokens: tokens32(sizes.incoming),
-            window_tokens: before.config.window_tokens,
-            budget_tokens: before.config.budget_tokens(),
-            pinned_tokens: tokens32(sizes.pinned),
-            evicted: Vec::new(),
-            compressed: Vec::new(),
-            summary_span_id: None,
-            summary_generation: 0,
-            pinned_retained: pinned_total,
-            pinned_total,
-            anchors_carried: 0,
-            anchors_dropped: 0,
-            violations: violations.clone(),
-            at_ms: now,
-            session_revision: before.revision,
-            actor: String::new(),
-            detail: format!(
-                "turn refused: live {} + incoming {} tokens, pinned {}, budget {}, window {}",
-                sizes.live, sizes.incoming, sizes.pinned, sizes.budget, sizes.window
-            ),
-        };
-        session.stale = true;
-        let written = self
-            .store
-            .write(WriteOp::Abort {
-                session_id: before.id.clone(),
-                marker,
-                record: record.clone(),
-            })
-            .await;
-        match written {
-            Ok(ack) => {
-                let marker_seq = ack.marker_seq.unwrap_or(0);
-                warn!(
-                    session_id = %record.id,
-                    seq = marker_seq,
-                    live = sizes.live,
-                    incoming = sizes.incoming,
-                    pinned = sizes.pinned,
-                    budget = sizes.budget,
-                    "admission escalated: compaction aborted"
-                );
-                session.record = record;
-                session.stale = false;
-                AdmitError::Clean(ApiError::Escalation(Box::new(Escalation {
-                    session_id: session.record.id.clone(),
-                    sizes,
-                    violations,
-                    marker_seq,
-                })))
-            }
-            Err(err) => AdmitError::Dirty(err.into()),
+        id: &str,
+        incoming_tokens: u64,
+        target_tokens: Option<u64>,
+    ) -> Result<(SessionRecord, PlanOutcome, Vec<SpanId>), ApiError> {
+        let loaded = self.sessions.lock(&self.store, id).await?;
+        let counter = tokens::counter(loaded.session.record.config.tokenizer);
+        let outcome = loaded
+            .session
+            .plan(incoming_tokens, target_tokens, now_ms(), counter);
+        let kept = ctxbroker_core::planner::apply(&loaded.session.spans, &outcome.plan)
+            .iter()
+            .map(|s| s.id)
+            .collect();
+        Ok((loaded.session.record.clone(), outcome, kept))
+    }
+
+    /// Commits a plan with the caller's edits.
+    pub async fn commit(
+        &self,
+        id: &str,
+        plan_id: PlanId,
+        edits: CallerEdits,
+    ) -> Result<Committed, ApiError> {
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        let counter = tokens::counter(loaded.session.record.config.tokenizer);
+        let outcome = loaded.session.commit(plan_id, &edits, now_ms(), counter);
+        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        Ok(self.committed(&loaded, change, seq, "compaction committed by the caller"))
+    }
+
+    /// Marks a live span as a constraint.
+    pub async fn pin(
+        &self,
+        id: &str,
+        span_id: SpanId,
+        modality: Option<Modality>,
+        required_terms: Vec<String>,
+    ) -> Result<Committed, ApiError> {
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        if let Some(span) = loaded.session.spans.iter().find(|s| s.id == span_id) {
+            let text = span
+                .original
+                .as_ref()
+                .map_or(span.text.as_str(), |o| o.text.as_str());
+            let mut bad = Vec::new();
+            validate::predicate_shape(
+                "predicate",
+                &pb::Predicate {
+                    modality: modality.map_or(0, |m| convert::modality_to_pb(m) as i32),
+                    required_terms: required_terms.clone(),
+                    source: 0,
+                },
+                text,
+                &mut bad,
+            );
+            validate::finish(bad)?;
+        }
+        let outcome = loaded
+            .session
+            .pin(span_id, modality, required_terms, now_ms());
+        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        info!(session_id = id, span_id, "span pinned");
+        Ok(self.committed(&loaded, change, seq, "span pinned"))
+    }
+
+    /// Releases a constraint, recording who and why in an UNPIN marker.
+    pub async fn unpin(
+        &self,
+        id: &str,
+        span_id: SpanId,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Committed, ApiError> {
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        let outcome = loaded.session.unpin(span_id, actor, reason, now_ms());
+        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        Ok(self.committed(&loaded, change, seq, "constraint unpinned"))
+    }
+
+    fn committed(
+        &self,
+        loaded: &Loaded,
+        change: Change,
+        seq: Option<u64>,
+        what: &str,
+    ) -> Committed {
+        let marker = change.marker.map(|mut marker| {
+            marker.seq = seq.unwrap_or(0);
+            info!(
+                session_id = %marker.session_id,
+                seq = marker.seq,
+                trigger = ?marker.trigger,
+                actor = %marker.actor,
+                "{what}"
+            );
+            marker
+        });
+        Committed {
+            marker,
+            record: loaded.session.record.clone(),
+            replaced: change.replace,
         }
     }
-}
 
-/// Why an admission did not go through, and whether memory still mirrors
-/// the disk.
-enum AdmitError {
-    /// Memory is current: nothing was written, or the write (an ABORTED
-    /// marker) was acknowledged and mirrored.
-    Clean(ApiError),
-    /// A write failed: memory may differ from disk.
-    Dirty(ApiError),
-}
+    fn queue_soft(&self, id: &str) {
+        let fresh = self
+            .soft_pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id.to_owned());
+        if fresh {
+            let _ = self.soft_queue.send(id.to_owned());
+        }
+    }
 
-fn committed_marker(
-    before: &SessionRecord,
-    after: &SessionRecord,
-    plan: &Plan,
-    post: &[Span],
-    now: u64,
-) -> Marker {
-    let pinned_retained = post.iter().filter(|s| s.is_pinned()).count() as u32;
-    let summary = plan.summary.as_ref();
-    Marker {
-        seq: 0,
-        session_id: before.id.clone(),
-        session_seq: after.marker_count,
-        trigger: CompactionTrigger::HardBudget,
-        outcome: Outcome::Committed,
-        tokens_before: tokens32(plan.tokens_before),
-        tokens_after: tokens32(plan.tokens_after),
-        incoming_tokens: tokens32(plan.incoming_tokens),
-        window_tokens: before.config.window_tokens,
-        budget_tokens: before.config.budget_tokens(),
-        pinned_tokens: tokens32(
-            post.iter()
-                .filter(|s| s.is_pinned())
-                .map(|s| u64::from(s.tokens))
-                .sum(),
-        ),
-        evicted: plan.evicted.iter().map(|e| e.span_id).collect(),
-        compressed: plan.compressed.iter().map(|c| c.span_id).collect(),
-        summary_span_id: summary.map(|s| s.id),
-        summary_generation: summary.map(|s| s.generation).unwrap_or(0),
-        pinned_retained,
-        pinned_total: tokens32(before.pinned_spans),
-        anchors_carried: plan.anchors_carried,
-        anchors_dropped: plan.anchors_dropped,
-        violations: Vec::new(),
-        at_ms: now,
-        session_revision: after.revision,
-        actor: String::new(),
-        detail: format!(
-            "evicted {} spans ({} -> {} live tokens) to admit {} tokens",
-            plan.evicted.len(),
-            plan.tokens_before,
-            plan.tokens_after,
-            plan.incoming_tokens
-        ),
+    /// Runs the background work until `shutdown`: pre-compactions of
+    /// sessions above their soft watermark, and the staleness guard of
+    /// HYBRID and TIME_BASED sessions. Neither is on the admission path,
+    /// and neither ever compacts a session that admitted nothing since its
+    /// last compaction.
+    pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
+        let rx = self
+            .soft_rx
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let Some(mut rx) = rx else {
+            return;
+        };
+        let mut tick = tokio::time::interval(STALENESS_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                id = rx.recv() => {
+                    let Some(id) = id else { return };
+                    self.soft_pending
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .remove(&id);
+                    self.background_soft(&id).await;
+                }
+                _ = tick.tick() => self.background_staleness().await,
+            }
+        }
+    }
+
+    async fn background_soft(&self, id: &str) {
+        // Waits its turn like any request: the admission that queued it
+        // has released the session already.
+        let Ok(mut loaded) = self.sessions.lock(&self.store, id).await else {
+            return;
+        };
+        let counter = tokens::counter(loaded.session.record.config.tokenizer);
+        let Some(change) = loaded.session.soft_compaction(now_ms(), counter) else {
+            return;
+        };
+        self.background_commit(&mut loaded, change, "soft-watermark pre-compaction")
+            .await;
+    }
+
+    async fn background_staleness(&self) {
+        let now = now_ms();
+        for id in self.sessions.resident_ids() {
+            // Never queue behind a request: a busy session is not stale.
+            let Some(mut loaded) = self.sessions.try_lock_resident(&id) else {
+                continue;
+            };
+            let trigger = loaded.session.record.config.trigger;
+            if !matches!(trigger, TriggerPolicy::Hybrid | TriggerPolicy::TimeBased)
+                || !loaded.session.staleness_due(now)
+            {
+                continue;
+            }
+            let counter = tokens::counter(loaded.session.record.config.tokenizer);
+            if let Some(change) = loaded.session.staleness_compaction(now, counter) {
+                self.background_commit(&mut loaded, change, "staleness compaction")
+                    .await;
+            }
+        }
+    }
+
+    async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
+        let id = loaded.session.record.id.clone();
+        match self.persist(loaded, change.clone()).await {
+            Ok(seq) => info!(
+                session_id = %id,
+                seq = seq.unwrap_or(0),
+                evicted = change.evict.len(),
+                live = loaded.session.record.live_tokens,
+                "{what} committed"
+            ),
+            Err(err) => debug!(session_id = %id, %err, "{what} not committed"),
+        }
     }
 }
 
@@ -572,7 +652,7 @@ fn committed_marker(
 async fn prepare(
     inputs: Vec<pb::SpanInput>,
     tokenizer: TokenizerKind,
-) -> Result<Vec<Prepared>, ApiError> {
+) -> Result<Vec<Incoming>, ApiError> {
     let mut bad = Vec::new();
     for (i, input) in inputs.iter().enumerate() {
         match (tokenizer, input.token_count) {
@@ -603,7 +683,7 @@ async fn prepare(
     }
 }
 
-fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Prepared> {
+fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Incoming> {
     let counter = tokens::counter(tokenizer);
     inputs
         .into_iter()
@@ -630,7 +710,7 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Prep
             };
             let predicate = (classification.class == SpanClass::Constraint)
                 .then(|| constraint_predicate(&input.text, input.predicate.as_ref()));
-            Prepared {
+            Incoming {
                 role,
                 text: input.text,
                 tokens,

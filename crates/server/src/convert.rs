@@ -6,7 +6,8 @@ use ctxbroker_core::config::{
     TriggerPolicy,
 };
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
-use ctxbroker_core::plan::{Violation, ViolationKind};
+use ctxbroker_core::plan::{EvictionReason, Verdict, Violation, ViolationKind};
+use ctxbroker_core::session::PlanOutcome;
 use ctxbroker_core::span::{
     ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
 };
@@ -314,6 +315,55 @@ pub fn session_to_pb(record: &SessionRecord) -> pb::Session {
         created_at: Some(timestamp(record.created_at_ms)),
         updated_at: Some(timestamp(record.updated_at_ms)),
         approval_required: record.approval_required || record.config.mode == SessionMode::Approval,
+    }
+}
+
+/// The wire form of a verification.
+pub fn verdict_to_pb(verdict: &Verdict) -> pb::Verification {
+    pb::Verification {
+        passed: verdict.passed(),
+        violations: verdict.violations.iter().map(violation_to_pb).collect(),
+    }
+}
+
+/// The wire form of a plan; `kept` is the live context after it, in
+/// prompt order.
+pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64, kept: Vec<u64>) -> pb::CompactionPlan {
+    let plan = &outcome.plan;
+    pb::CompactionPlan {
+        plan_id: outcome.plan_id.to_string(),
+        session_revision: revision,
+        evicted: plan
+            .evicted
+            .iter()
+            .map(|e| pb::EvictedSpan {
+                span_id: e.span_id,
+                relevance: e.relevance,
+                reason: match e.reason {
+                    EvictionReason::BelowFloor => pb::EvictionReason::BelowFloor,
+                    EvictionReason::Budget => pb::EvictionReason::Budget,
+                } as i32,
+                tokens: e.tokens,
+            })
+            .collect(),
+        kept_span_ids: kept,
+        compressed: plan
+            .compressed
+            .iter()
+            .map(|c| pb::CompressedForm {
+                span_id: c.span_id,
+                text: c.text.clone(),
+                tokens: c.tokens,
+            })
+            .collect(),
+        summary_draft: plan
+            .summary
+            .as_ref()
+            .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
+        tokens_before: tokens32(plan.tokens_before),
+        tokens_after: tokens32(plan.tokens_after),
+        incoming_tokens: tokens32(plan.incoming_tokens),
+        target_tokens: tokens32(plan.target_tokens),
     }
 }
 

@@ -27,6 +27,14 @@ pub mod reason {
     pub const COMPACTION_INVARIANT: &str = "COMPACTION_INVARIANT";
     /// A compaction is needed but the session requires approval.
     pub const APPROVAL_REQUIRED: &str = "APPROVAL_REQUIRED";
+    /// A plan was made against an earlier revision or another session.
+    pub const STALE_PLAN: &str = "STALE_PLAN";
+    /// The span is archived, not live.
+    pub const SPAN_NOT_LIVE: &str = "SPAN_NOT_LIVE";
+    /// The span's class does not allow the operation.
+    pub const WRONG_CLASS: &str = "WRONG_CLASS";
+    /// The plan changes nothing.
+    pub const NOTHING_TO_COMMIT: &str = "NOTHING_TO_COMMIT";
     /// A configuration change would leave live above the new budget.
     pub const CONFIG_BELOW_LIVE: &str = "CONFIG_BELOW_LIVE";
     /// The session changed since the request was prepared.
@@ -111,7 +119,7 @@ pub enum ApiError {
     Escalation(Box<Escalation>),
     /// The turn needs a compaction but the session requires approval.
     #[error(
-        "session {session_id:?} requires approval for compactions: live {live} + incoming {incoming} tokens exceed the budget {budget}"
+        "session {session_id:?} requires approval for compactions: live {live} + incoming {incoming} tokens exceed the budget {budget}; review and commit plan {plan_id}, then admit the turn again"
     )]
     ApprovalRequired {
         /// The session.
@@ -122,6 +130,44 @@ pub enum ApiError {
         incoming: u64,
         /// The budget.
         budget: u64,
+        /// A plan that makes room for the turn, ready to commit.
+        plan_id: String,
+    },
+    /// A plan made against an earlier revision, or for another session.
+    #[error(
+        "plan is stale: session {session_id:?} is at revision {current}, the plan was made at {planned}; plan again"
+    )]
+    StalePlan {
+        /// The session.
+        session_id: String,
+        /// The revision the plan was made against.
+        planned: u64,
+        /// The session's revision now.
+        current: u64,
+    },
+    /// The span exists but is not in the live context.
+    #[error("span {span_id} is not in the live context of session {session_id:?}")]
+    SpanNotLive {
+        /// The session.
+        session_id: String,
+        /// The span.
+        span_id: u64,
+    },
+    /// The span's class does not allow the operation.
+    #[error("span {span_id} of session {session_id:?}: {detail}")]
+    WrongClass {
+        /// The session.
+        session_id: String,
+        /// The span.
+        span_id: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The plan would change nothing.
+    #[error("nothing to commit: the plan for session {session_id:?} evicts and compresses nothing")]
+    NothingToCommit {
+        /// The session.
+        session_id: String,
     },
     /// A configuration change would leave live above the new budget.
     #[error(
@@ -299,12 +345,45 @@ impl ApiError {
                 live,
                 incoming,
                 budget,
+                plan_id,
             } => {
                 metadata.insert("session_id".into(), session_id.clone());
                 metadata.insert("live_tokens".into(), live.to_string());
                 metadata.insert("incoming_tokens".into(), incoming.to_string());
                 metadata.insert("budget_tokens".into(), budget.to_string());
+                metadata.insert("plan_id".into(), plan_id.clone());
                 (Code::FailedPrecondition, reason::APPROVAL_REQUIRED)
+            }
+            ApiError::StalePlan {
+                session_id,
+                planned,
+                current,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("planned_revision".into(), planned.to_string());
+                metadata.insert("current_revision".into(), current.to_string());
+                (Code::Aborted, reason::STALE_PLAN)
+            }
+            ApiError::SpanNotLive {
+                session_id,
+                span_id,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("span_id".into(), span_id.to_string());
+                (Code::FailedPrecondition, reason::SPAN_NOT_LIVE)
+            }
+            ApiError::WrongClass {
+                session_id,
+                span_id,
+                ..
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("span_id".into(), span_id.to_string());
+                (Code::FailedPrecondition, reason::WRONG_CLASS)
+            }
+            ApiError::NothingToCommit { session_id } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                (Code::FailedPrecondition, reason::NOTHING_TO_COMMIT)
             }
             ApiError::ConfigBelowLive { live, budget } => {
                 metadata.insert("live_tokens".into(), live.to_string());

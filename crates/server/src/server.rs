@@ -236,6 +236,7 @@ pub async fn run(
 
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
     let streams_end = CancellationToken::new();
+    let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
     let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability);
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -315,8 +316,9 @@ pub async fn run(
         }
     };
     // The serve loop may end on its own (transport error): end the streams
-    // in any case.
+    // and the background work in any case.
     streams_end.cancel();
+    let _ = background.await;
 
     let closing = store.clone();
     let closed = tokio::task::spawn_blocking(move || closing.close())

@@ -4,6 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
+use ctxbroker_core::session::{CallerEdits, PlanId};
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_proto::v1::context_broker_server::ContextBroker;
@@ -409,46 +410,148 @@ impl ContextBroker for BrokerService {
 
     async fn plan_compaction(
         &self,
-        _request: Request<pb::PlanCompactionRequest>,
+        request: Request<pb::PlanCompactionRequest>,
     ) -> Result<Response<pb::PlanCompactionResponse>, Status> {
-        Err(ApiError::NotImplemented {
-            rpc: "PlanCompaction",
-            missing: "caller-driven compaction (plan, then commit) is not served by this build; compaction runs at admission",
-        }
-        .into())
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let (record, outcome, kept) = self
+            .broker
+            .plan(
+                &req.session_id,
+                u64::from(req.incoming_tokens),
+                req.target_tokens.map(u64::from),
+            )
+            .await?;
+        Ok(Response::new(pb::PlanCompactionResponse {
+            plan: Some(convert::plan_to_pb(&outcome, record.revision, kept)),
+            verification: Some(convert::verdict_to_pb(&outcome.verdict)),
+        }))
     }
 
     async fn commit_compaction(
         &self,
-        _request: Request<pb::CommitCompactionRequest>,
+        request: Request<pb::CommitCompactionRequest>,
     ) -> Result<Response<pb::CommitCompactionResponse>, Status> {
-        Err(ApiError::NotImplemented {
-            rpc: "CommitCompaction",
-            missing: "caller-driven compaction (plan, then commit) is not served by this build; compaction runs at admission",
+        let req = request.into_inner();
+        let limits = self.broker.limits();
+        let mut bad = Vec::new();
+        if let Err(b) = validate::session_id("session_id", &req.session_id, limits) {
+            bad.push(b);
         }
-        .into())
+        let plan_id = PlanId::parse(&req.plan_id);
+        if plan_id.is_none() {
+            bad.push(BadField::new(
+                "plan_id",
+                "is not a plan id returned by PlanCompaction",
+            ));
+        }
+        if let Some(text) = &req.summary_text {
+            validate::text("summary_text", text, limits.max_span_bytes, &mut bad);
+        }
+        if req.compressed_forms.len() > limits.max_spans_per_turn {
+            bad.push(BadField::new(
+                "compressed_forms",
+                format!(
+                    "must hold at most max_spans_per_turn = {} forms; got {}",
+                    limits.max_spans_per_turn,
+                    req.compressed_forms.len()
+                ),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, form) in req.compressed_forms.iter().enumerate() {
+            validate::text(
+                &format!("compressed_forms[{i}].text"),
+                &form.text,
+                limits.max_span_bytes,
+                &mut bad,
+            );
+            if !seen.insert(form.span_id) {
+                bad.push(BadField::new(
+                    format!("compressed_forms[{i}].span_id"),
+                    format!("span {} has more than one form", form.span_id),
+                ));
+            }
+        }
+        validate::label("actor", &req.actor, false, &mut bad);
+        validate::finish(bad)?;
+        let Some(plan_id) = plan_id else {
+            return Err(validate::single(BadField::new("plan_id", "is malformed")).into());
+        };
+        let edits = CallerEdits {
+            summary: req.summary_text,
+            compressed: req
+                .compressed_forms
+                .into_iter()
+                .map(|f| (f.span_id, f.text))
+                .collect(),
+            actor: req.actor,
+        };
+        let committed = self.broker.commit(&req.session_id, plan_id, edits).await?;
+        Ok(Response::new(pb::CommitCompactionResponse {
+            marker: committed.marker.as_ref().map(marker_to_pb),
+            totals: Some(totals_to_pb(&committed.record)),
+            revision: committed.record.revision,
+        }))
     }
 
     async fn pin(
         &self,
-        _request: Request<pb::PinRequest>,
+        request: Request<pb::PinRequest>,
     ) -> Result<Response<pb::PinResponse>, Status> {
-        Err(ApiError::NotImplemented {
-            rpc: "Pin",
-            missing: "pinning an admitted span is not served by this build; admit the span with span_class CONSTRAINT",
-        }
-        .into())
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let predicate = req.predicate.unwrap_or_default();
+        let modality = match pb::Modality::try_from(predicate.modality) {
+            Ok(m) => convert::modality_from_pb(m),
+            Err(_) => {
+                return Err(validate::single(BadField::new(
+                    "predicate.modality",
+                    format!("unknown enum value {}", predicate.modality),
+                ))
+                .into());
+            }
+        };
+        let committed = self
+            .broker
+            .pin(
+                &req.session_id,
+                req.span_id,
+                modality,
+                predicate.required_terms,
+            )
+            .await?;
+        Ok(Response::new(pb::PinResponse {
+            span: committed
+                .replaced
+                .first()
+                .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
+        }))
     }
 
     async fn unpin(
         &self,
-        _request: Request<pb::UnpinRequest>,
+        request: Request<pb::UnpinRequest>,
     ) -> Result<Response<pb::UnpinResponse>, Status> {
-        Err(ApiError::NotImplemented {
-            rpc: "Unpin",
-            missing: "releasing a constraint (with its UNPIN marker) is not served by this build",
+        let req = request.into_inner();
+        let mut bad = Vec::new();
+        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
+            bad.push(b);
         }
-        .into())
+        validate::label("actor", &req.actor, true, &mut bad);
+        validate::label("reason", &req.reason, true, &mut bad);
+        validate::finish(bad)?;
+        let committed = self
+            .broker
+            .unpin(&req.session_id, req.span_id, &req.actor, &req.reason)
+            .await?;
+        Ok(Response::new(pb::UnpinResponse {
+            span: committed
+                .replaced
+                .first()
+                .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
+            marker: committed.marker.as_ref().map(marker_to_pb),
+        }))
     }
 
     type WatchCompactionsStream = ReceiverStream<Result<pb::WatchCompactionsResponse, Status>>;

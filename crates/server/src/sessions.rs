@@ -5,21 +5,19 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ctxbroker_core::Span;
 use ctxbroker_core::config::TokenizerKind;
-use ctxbroker_store::{SessionRecord, Store};
+use ctxbroker_core::session::Session;
+use ctxbroker_store::Store;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::error::ApiError;
 
-/// A session as the server holds it between requests: the stored record and
-/// the live context in prompt order, mirroring what the store holds.
+/// A session as the server holds it between requests, mirroring what the
+/// store acknowledged.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The record, as last acknowledged by the store.
-    pub record: SessionRecord,
-    /// The live spans, in prompt order.
-    pub spans: Vec<Span>,
+    /// The policy's view: the record and the live spans in prompt order.
+    pub session: Session,
     /// Set when a write failed and memory may differ from disk: the next
     /// request reloads from the store.
     pub stale: bool,
@@ -154,6 +152,32 @@ impl Sessions {
         slots.remove(id);
     }
 
+    /// The ids of the sessions held in memory.
+    pub fn resident_ids(&self) -> Vec<String> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// The session's turn if nobody holds it and it is in memory: for
+    /// background work, which must never queue behind admissions.
+    pub fn try_lock_resident(&self, id: &str) -> Option<SessionGuard> {
+        let slot = self
+            .slots
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(id)
+            .cloned()?;
+        let guard = slot.try_lock_owned().ok()?;
+        if guard.as_ref().is_none_or(|l| l.stale || l.gone) {
+            return None;
+        }
+        OwnedMutexGuard::try_map(guard, Option::as_mut).ok()
+    }
+
     /// How many sessions are held in memory.
     pub fn resident(&self) -> usize {
         self.slots
@@ -169,8 +193,7 @@ fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
     };
     let spans = store.live_spans(id)?;
     Ok(Some(Loaded {
-        record,
-        spans,
+        session: Session::new(record, spans),
         stale: false,
         gone: false,
     }))

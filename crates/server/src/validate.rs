@@ -261,6 +261,40 @@ fn time_based(c: &mut SessionConfig, bad: &mut Vec<BadField>) {
     }
 }
 
+/// The longest actor or reason accepted, in bytes.
+pub const MAX_LABEL_BYTES: usize = 1024;
+
+/// Checks a caller-written text: non-empty, at most `max` bytes.
+pub fn text(field: &str, text: &str, max: usize, bad: &mut Vec<BadField>) {
+    if text.trim().is_empty() {
+        bad.push(BadField::new(field, "must not be empty"));
+    } else if text.len() > max {
+        bad.push(BadField::new(
+            field,
+            format!(
+                "must be at most max_span_bytes = {max} bytes; got {}",
+                text.len()
+            ),
+        ));
+    }
+}
+
+/// Checks an actor or reason recorded in a marker: at most
+/// `MAX_LABEL_BYTES`, and present when `required`.
+pub fn label(field: &str, value: &str, required: bool, bad: &mut Vec<BadField>) {
+    if required && value.trim().is_empty() {
+        bad.push(BadField::new(field, "is required: the marker records it"));
+    } else if value.len() > MAX_LABEL_BYTES {
+        bad.push(BadField::new(
+            field,
+            format!(
+                "must be at most {MAX_LABEL_BYTES} bytes; got {}",
+                value.len()
+            ),
+        ));
+    }
+}
+
 /// Checks the shape of a turn, before anything about its session is known.
 pub fn turn_shape(spans: &[pb::SpanInput], limits: &Limits, bad: &mut Vec<BadField>) {
     if spans.is_empty() {
