@@ -171,6 +171,13 @@ async fn a_caller_summary_must_keep_the_required_anchors() {
         "names {missing}: {}",
         status.message()
     );
+    assert!(
+        status
+            .message()
+            .contains("the compaction cannot be committed"),
+        "{}",
+        status.message()
+    );
     let (reason, _) = error_info(&status);
     assert_eq!(reason, "COMPACTION_INVARIANT");
     let (_w, after) = watch_replay(&mut client, 0).await;

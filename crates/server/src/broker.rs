@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctxbroker_core::config::{SessionConfig, TokenizerKind, TriggerPolicy};
-use ctxbroker_core::marker::{Marker, Outcome};
+use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Limits;
 use crate::convert;
-use crate::error::{ApiError, BadField, Escalation};
+use crate::error::{ApiError, BadField, Escalation, Refused};
 use crate::sessions::{Loaded, Sessions};
 use crate::validate;
 
@@ -187,27 +187,34 @@ impl Broker {
                 sizes,
                 violations,
                 abort,
-            } => match self.persist(loaded, *abort).await {
-                Ok(seq) => {
-                    let marker_seq = seq.unwrap_or(0);
-                    warn!(
-                        %session_id,
-                        seq = marker_seq,
-                        live = sizes.live,
-                        incoming = sizes.incoming,
-                        pinned = sizes.pinned,
-                        budget = sizes.budget,
-                        "compaction aborted: escalated to the caller"
-                    );
-                    ApiError::Escalation(Box::new(Escalation {
-                        session_id,
-                        sizes,
-                        violations,
-                        marker_seq,
-                    }))
+            } => {
+                let refused = match abort.marker.as_ref().map(|m| m.trigger) {
+                    Some(CompactionTrigger::Manual) => Refused::Commit,
+                    _ => Refused::Turn,
+                };
+                match self.persist(loaded, *abort).await {
+                    Ok(seq) => {
+                        let marker_seq = seq.unwrap_or(0);
+                        warn!(
+                            %session_id,
+                            seq = marker_seq,
+                            live = sizes.live,
+                            incoming = sizes.incoming,
+                            pinned = sizes.pinned,
+                            budget = sizes.budget,
+                            "compaction aborted: escalated to the caller"
+                        );
+                        ApiError::Escalation(Box::new(Escalation {
+                            session_id,
+                            sizes,
+                            violations,
+                            marker_seq,
+                            refused,
+                        }))
+                    }
+                    Err(err) => err,
                 }
-                Err(err) => err,
-            },
+            }
             Rejection::ApprovalRequired { plan_id, sizes } => ApiError::ApprovalRequired {
                 session_id,
                 live: sizes.live,

@@ -88,6 +88,26 @@ pub struct Escalation {
     pub violations: Vec<Violation>,
     /// The ABORTED marker's sequence.
     pub marker_seq: u64,
+    /// What was refused, for the message: an admission or a commit.
+    pub refused: Refused,
+}
+
+/// What an escalation refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// A turn (with the compaction it needed).
+    Turn,
+    /// A caller's commit of a plan.
+    Commit,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::Turn => "the turn cannot be admitted",
+            Refused::Commit => "the compaction cannot be committed",
+        })
+    }
 }
 
 /// What went wrong, in the caller's terms.
@@ -112,8 +132,8 @@ pub enum ApiError {
     SessionExists(String),
     /// A compaction could not be made valid; nothing was committed.
     #[error(
-        "compaction invariant: the turn cannot be admitted (live {} + incoming {} tokens, pinned {}, budget {}, window {}): {}",
-        .0.sizes.live, .0.sizes.incoming, .0.sizes.pinned, .0.sizes.budget, .0.sizes.window,
+        "compaction invariant: {} (live {} + incoming {} tokens, pinned {}, budget {}, window {}): {}",
+        .0.refused, .0.sizes.live, .0.sizes.incoming, .0.sizes.pinned, .0.sizes.budget, .0.sizes.window,
         violations(&.0.violations)
     )]
     Escalation(Box<Escalation>),
