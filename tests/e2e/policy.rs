@@ -279,16 +279,8 @@ async fn caller_only_sessions_switch_to_approval_on_an_unclassified_span() {
     )
     .await
     .unwrap();
-    let session = client
-        .get_session(pb::GetSessionRequest {
-            session_id: "caller".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
-    assert!(!session.approval_required);
+    let caller = session(&mut client, "caller").await;
+    assert!(!caller.approval_required);
     admit(
         &mut client,
         "caller",
@@ -296,17 +288,9 @@ async fn caller_only_sessions_switch_to_approval_on_an_unclassified_span() {
     )
     .await
     .unwrap();
-    let session = client
-        .get_session(pb::GetSessionRequest {
-            session_id: "caller".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+    let caller = session(&mut client, "caller").await;
     assert!(
-        session.approval_required,
+        caller.approval_required,
         "an unclassified span forces approval"
     );
     let status = loop {
@@ -456,16 +440,8 @@ async fn the_soft_watermark_makes_room_in_the_background() {
         .await
         .unwrap()
         .into_inner();
-    let session = client
-        .get_session(pb::GetSessionRequest {
-            session_id: "soft".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
-    let soft = session.totals.unwrap().soft_watermark_tokens;
+    let soft_session = session(&mut client, "soft").await;
+    let soft = soft_session.totals.unwrap().soft_watermark_tokens;
     let mut i = 0;
     loop {
         i += 1;

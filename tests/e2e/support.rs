@@ -191,6 +191,19 @@ pub fn defaults(tokens: u32) -> pb::SessionConfig {
     }
 }
 
+/// A session as GetSession returns it.
+pub async fn session(client: &mut ContextBrokerClient<Channel>, id: &str) -> pb::Session {
+    client
+        .get_session(pb::GetSessionRequest {
+            session_id: id.into(),
+        })
+        .await
+        .expect("GetSession succeeds")
+        .into_inner()
+        .session
+        .expect("a session")
+}
+
 /// Creates a session.
 pub async fn create(
     client: &mut ContextBrokerClient<Channel>,
