@@ -220,3 +220,91 @@ async fn constraints_alone_beyond_the_budget_fail_closed() {
     let (_, meta) = error_info(&status);
     assert!(meta["violations"].contains("TURN_TOO_LARGE"), "{meta:?}");
 }
+
+/// Wordy constraints that the built-in compressor can shorten.
+const WORDY: [&str; 4] = [
+    "Please remember that, whatever the task turns out to be, you must never write anything at all to the `prod` namespace; stage only.",
+    "Also, as a general rule for the rest of this session, always run `cargo test` before you change anything under crates/billing.",
+    "Keep in mind that you should not, under any circumstances at all, delete the `ledger` table or any of its backups.",
+    "As we agreed earlier in the week, only deploy through the blue cluster and only after the review has been approved.",
+];
+
+#[tokio::test]
+async fn constraints_are_compressed_only_once_narrative_is_exhausted() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let budget = create(&mut client, "squeeze", window(260))
+        .await
+        .totals
+        .unwrap()
+        .budget_tokens;
+    let mut admitted = HashMap::new();
+    for text in WORDY {
+        let reply = admit(&mut client, "squeeze", vec![span(Role::User, text)])
+            .await
+            .unwrap();
+        let s = &reply.spans[0];
+        assert_eq!(s.span_class(), SpanClass::Constraint, "{s:?}");
+        admitted.insert(s.span_id, (text, s.predicate.clone().unwrap()));
+    }
+
+    // Narrative turns until a compaction had to compress: before that,
+    // compactions only evict narrative.
+    let mut compressed_marker = None;
+    for i in 0..30u64 {
+        // Two small turns, then tool results that need most of the room.
+        let words = if i < 2 { 25 } else { 100 };
+        let text = format!("Step {i}: {}", prose(i, &["ledger"], words));
+        let reply = admit(&mut client, "squeeze", vec![span(Role::Tool, &text)])
+            .await
+            .unwrap_or_else(|s| panic!("turn {i} refused: {s:?}"));
+        assert!(reply.totals.unwrap().live_tokens <= budget);
+        if let Some(m) = reply.compaction
+            && !m.compressed_span_ids.is_empty()
+        {
+            compressed_marker = Some((m, reply.spans[0].span_id));
+            break;
+        }
+    }
+    let (marker, turn_id) = compressed_marker.expect("a compaction compressed constraints");
+    assert_eq!(marker.outcome(), pb::CompactionOutcome::Committed);
+    assert_eq!(marker.pinned_retained, marker.pinned_total);
+
+    let ctx = context(&mut client, "squeeze").await;
+    // Narrative was exhausted: the only narrative left is the turn just
+    // admitted.
+    for s in &ctx.spans {
+        if s.span_class() == SpanClass::Narrative {
+            assert_eq!(
+                s.span_id, turn_id,
+                "narrative {s:?} stayed while constraints were compressed"
+            );
+        }
+    }
+    // Every constraint is still there; the compressed ones keep their
+    // modality word and every required term, are shorter, and remember
+    // what was admitted.
+    for (id, (text, predicate)) in &admitted {
+        let live = ctx
+            .spans
+            .iter()
+            .find(|s| s.span_id == *id)
+            .unwrap_or_else(|| panic!("constraint {id} is gone"));
+        assert_eq!(live.span_class(), SpanClass::Constraint);
+        if !marker.compressed_span_ids.contains(id) {
+            assert_eq!(live.text, *text);
+            continue;
+        }
+        assert_ne!(live.text, *text);
+        assert_eq!(live.original_text, *text);
+        assert!(live.tokens < live.original_tokens, "{live:?}");
+        let lower = live.text.to_lowercase();
+        for term in &predicate.required_terms {
+            assert!(
+                lower.contains(&term.to_lowercase()),
+                "{term:?} lost from {:?}",
+                live.text
+            );
+        }
+    }
+}
