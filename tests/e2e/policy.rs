@@ -532,6 +532,45 @@ async fn the_staleness_guard_sleeps_while_idle_and_fires_while_busy() {
 }
 
 #[tokio::test]
+async fn the_staleness_guard_outlives_a_restart() {
+    // A session that admitted and was never compacted is due once its
+    // interval has passed, even if the daemon restarted meanwhile and
+    // nothing has touched the session since.
+    let mut daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(
+        &mut client,
+        "after",
+        pb::SessionConfig {
+            trigger: pb::TriggerPolicy::Hybrid as i32,
+            staleness_interval_ms: Some(1000),
+            ..window(100_000)
+        },
+    )
+    .await;
+    for i in 0..3 {
+        admit(&mut client, "after", vec![span(Role::Tool, &chatter(i))])
+            .await
+            .unwrap();
+    }
+    daemon.restart().await;
+    let mut client = daemon.client().await;
+    let mut watch = client
+        .watch_compactions(pb::WatchCompactionsRequest {
+            session_ids: vec!["after".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let marker = tokio::time::timeout(Duration::from_secs(10), read_markers(&mut watch, 1))
+        .await
+        .expect("a staleness compaction within 10 s of the restart");
+    assert_eq!(marker[0].trigger(), pb::CompactionTrigger::Staleness);
+    assert_eq!(marker[0].evicted_span_ids.len(), 2, "{:?}", marker[0]);
+}
+
+#[tokio::test]
 async fn select_trigger_answers_for_the_seed_numbers() {
     let daemon = Daemon::start().await;
     let mut client = daemon.client().await;

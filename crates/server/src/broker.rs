@@ -6,7 +6,7 @@
 //! each session's requests, persists the change through the store's single
 //! writer, and applies it to memory only once it is acknowledged.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -53,6 +53,10 @@ pub struct Broker {
     soft_queue: mpsc::UnboundedSender<String>,
     soft_pending: Mutex<HashSet<String>>,
     soft_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    /// Sessions whose trigger has a staleness guard (HYBRID, TIME_BASED):
+    /// the only ones the guard's tick looks at. Seeded from the store when
+    /// the background work starts, so a restart loses none.
+    guarded: Mutex<BTreeSet<String>>,
 }
 
 /// The result of an admission, for the wire.
@@ -148,6 +152,7 @@ impl Broker {
             soft_queue,
             soft_pending: Mutex::default(),
             soft_rx: Mutex::new(Some(soft_rx)),
+            guarded: Mutex::default(),
         }
     }
 
@@ -290,6 +295,7 @@ impl Broker {
             stale: false,
             gone: false,
         });
+        self.guard_staleness(&record);
         info!(
             session_id = id,
             window = record.config.window_tokens,
@@ -343,6 +349,7 @@ impl Broker {
             .await?;
         loaded.session.record = record.clone();
         loaded.stale = false;
+        self.guard_staleness(&record);
         info!(
             session_id = id,
             revision = record.revision,
@@ -361,6 +368,7 @@ impl Broker {
             .await?;
         self.sessions.remove(id, &mut loaded);
         self.session_count.fetch_sub(1, Ordering::SeqCst);
+        self.forget_guarded(id);
         info!(
             session_id = id,
             spans = ack.spans_deleted,
@@ -560,6 +568,45 @@ impl Broker {
         }
     }
 
+    /// Keeps the set of sessions with a staleness guard in step with a
+    /// session's configuration.
+    fn guard_staleness(&self, record: &SessionRecord) {
+        let mut guarded = self
+            .guarded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if has_staleness_guard(&record.config) {
+            if !guarded.contains(&record.id) {
+                guarded.insert(record.id.clone());
+            }
+        } else {
+            guarded.remove(&record.id);
+        }
+    }
+
+    /// Seeds the staleness guard's set from the store, a page at a time.
+    async fn seed_guarded(&self) {
+        const PAGE: usize = 512;
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self.store.sessions(after.as_deref(), PAGE) {
+                Ok(page) => page,
+                Err(err) => {
+                    warn!(%err, "listing sessions for the staleness guard failed");
+                    return;
+                }
+            };
+            for record in &page {
+                self.guard_staleness(record);
+            }
+            match page.last() {
+                Some(last) if page.len() == PAGE => after = Some(last.id.clone()),
+                _ => return,
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
     fn queue_soft(&self, id: &str) {
         let fresh = self
             .soft_pending
@@ -585,6 +632,7 @@ impl Broker {
         let Some(mut rx) = rx else {
             return;
         };
+        self.seed_guarded().await;
         let mut tick = tokio::time::interval(STALENESS_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -620,15 +668,33 @@ impl Broker {
 
     async fn background_staleness(&self) {
         let now = now_ms();
-        for id in self.sessions.resident_ids() {
+        let ids: Vec<String> = self
+            .guarded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for id in ids {
             // Never queue behind a request: a busy session is not stale.
-            let Some(mut loaded) = self.sessions.try_lock_resident(&id) else {
-                continue;
+            let mut loaded = match self.sessions.try_lock(&self.store, &id) {
+                Ok(Some(loaded)) => loaded,
+                Ok(None) => {
+                    if self.store.session(&id).ok().flatten().is_none() {
+                        self.forget_guarded(&id);
+                    }
+                    continue;
+                }
+                Err(err) => {
+                    debug!(session_id = %id, %err, "staleness guard could not load the session");
+                    continue;
+                }
             };
-            let trigger = loaded.session.record.config.trigger;
-            if !matches!(trigger, TriggerPolicy::Hybrid | TriggerPolicy::TimeBased)
-                || !loaded.session.staleness_due(now)
-            {
+            if !has_staleness_guard(&loaded.session.record.config) {
+                self.forget_guarded(&id);
+                continue;
+            }
+            if !loaded.session.staleness_due(now) {
                 continue;
             }
             let counter = tokens::counter(loaded.session.record.config.tokenizer);
@@ -637,6 +703,13 @@ impl Broker {
                     .await;
             }
         }
+    }
+
+    fn forget_guarded(&self, id: &str) {
+        self.guarded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(id);
     }
 
     async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
@@ -652,6 +725,14 @@ impl Broker {
             Err(err) => debug!(session_id = %id, %err, "{what} not committed"),
         }
     }
+}
+
+/// Whether a configuration has a staleness guard.
+fn has_staleness_guard(config: &SessionConfig) -> bool {
+    matches!(
+        config.trigger,
+        TriggerPolicy::Hybrid | TriggerPolicy::TimeBased
+    ) && config.staleness_interval_ms > 0
 }
 
 /// Counts and classifies a turn's spans. Runs before the session's turn is

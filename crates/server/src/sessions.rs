@@ -152,30 +152,30 @@ impl Sessions {
         slots.remove(id);
     }
 
-    /// The ids of the sessions held in memory.
-    pub fn resident_ids(&self) -> Vec<String> {
-        self.slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .keys()
-            .cloned()
-            .collect()
-    }
-
-    /// The session's turn if nobody holds it and it is in memory: for
-    /// background work, which must never queue behind admissions.
-    pub fn try_lock_resident(&self, id: &str) -> Option<SessionGuard> {
-        let slot = self
-            .slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(id)
-            .cloned()?;
-        let guard = slot.try_lock_owned().ok()?;
-        if guard.as_ref().is_none_or(|l| l.stale || l.gone) {
-            return None;
+    /// The session's turn if nobody holds it, loading it when it is not
+    /// in memory: for background work, which must never queue behind a
+    /// request. `Ok(None)` when the session is busy, deleted, or gone from
+    /// the store.
+    pub fn try_lock(&self, store: &Store, id: &str) -> Result<Option<SessionGuard>, ApiError> {
+        let slot = self.slot(id);
+        let Ok(mut guard) = slot.clone().try_lock_owned() else {
+            return Ok(None);
+        };
+        if guard.as_ref().is_some_and(|l| l.gone) {
+            return Ok(None);
         }
-        OwnedMutexGuard::try_map(guard, Option::as_mut).ok()
+        if guard.as_ref().is_none_or(|l| l.stale) {
+            match load(store, id)? {
+                Some(loaded) => *guard = Some(loaded),
+                None => {
+                    *guard = None;
+                    drop(guard);
+                    self.forget(id, &slot);
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(OwnedMutexGuard::try_map(guard, Option::as_mut).ok())
     }
 
     /// How many sessions are held in memory.
