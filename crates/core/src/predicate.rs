@@ -184,6 +184,34 @@ const FILLER: &[&str] = &[
     "i",
 ];
 
+/// Phrases that frame or soften a constraint without changing what it
+/// demands, dropped whole by [`compress`] (as lower-case words). Nothing
+/// here may weaken or widen a demand: "if possible" and "when you can"
+/// change what is asked and stay; "under no circumstances" is itself a
+/// prohibition and stays.
+const FILLER_PHRASES: &[&[&str]] = &[
+    &["remember", "that"],
+    &["keep", "in", "mind", "that"],
+    &["bear", "in", "mind", "that"],
+    &["note", "that"],
+    &["as", "a", "general", "rule"],
+    &["for", "the", "rest", "of", "this", "session"],
+    &["for", "the", "rest", "of", "the", "session"],
+    &["whatever", "the", "task", "turns", "out", "to", "be"],
+    &["under", "any", "circumstances"],
+    &["no", "matter", "what"],
+    &["at", "all"],
+    &["as", "we", "agreed"],
+    &["as", "agreed"],
+    &["as", "discussed"],
+    &["earlier", "in", "the", "week"],
+    &["of", "course"],
+    &["to", "be", "clear"],
+    &["for", "the", "record"],
+    &["going", "forward"],
+    &["it", "is", "important", "that"],
+];
+
 /// Derives a constraint's predicate from its text.
 ///
 /// `modality` is the class's modality when known (e.g. from the rule that
@@ -235,8 +263,18 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
         };
         terms.push(phrase);
     }
-    // 4 and 5. Logic words and key words of the modal clauses.
+    // 4 and 5. Logic words and key words of the modal clauses. Words of a
+    // framing phrase ("keep in mind that", "for the rest of this
+    // session") are never key words: they say nothing the constraint
+    // demands.
     let words = &analysis.words;
+    let framing = mark_phrases(
+        &words
+            .iter()
+            .map(|w| Some(w.text.clone()))
+            .collect::<Vec<_>>(),
+        |_, _| true,
+    );
     let mut in_hit = vec![false; words.len()];
     // Per clause, the word ranges of its hits, sorted.
     let mut clause_hits: FastMap<u32, Vec<(usize, usize)>> = fasthash::map(analysis.hits.len());
@@ -260,7 +298,11 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
             terms.push(&w.text);
             continue;
         }
-        if in_hit[i] || !is_content_word(&w.text) || (!in_modal && !clause_hits.is_empty()) {
+        if in_hit[i]
+            || framing[i]
+            || !is_content_word(&w.text)
+            || (!in_modal && !clause_hits.is_empty())
+        {
             continue;
         }
         let distance = match ranges {
@@ -494,8 +536,18 @@ pub fn compress(text: &str, predicate: &Predicate, counter: &dyn TokenCounter) -
     let mut kept_ranges: Vec<(usize, usize)> = Vec::new();
     // A first pass protects single-word terms; a term of several words
     // that the first pass broke has its occurrences protected in a second.
-    for _ in 0..2 {
-        let form = drop_filler(&pieces, &protected, &kept_ranges, predicate.modality);
+    for attempt in 0..3 {
+        // The first attempt also drops framing phrases; should that break
+        // a term of several words, the next ones drop single words only
+        // and protect the broken terms.
+        let phrases = attempt == 0;
+        let form = drop_filler(
+            &pieces,
+            &protected,
+            &kept_ranges,
+            predicate.modality,
+            phrases,
+        );
         let tokens = counter.count(&form);
         if tokens >= original_tokens {
             return None;
@@ -518,7 +570,9 @@ pub fn compress(text: &str, predicate: &Predicate, counter: &dyn TokenCounter) -
                         kept_ranges.push((at, at + m.len()));
                     }
                 }
-                if kept_ranges.len() == before {
+                // Without the phrases, a form may pass unchanged; after
+                // that, only newly protected terms can make a difference.
+                if kept_ranges.len() == before && !phrases {
                     return None;
                 }
             }
@@ -532,6 +586,7 @@ fn drop_filler(
     protected: &HashSet<String>,
     kept_ranges: &[(usize, usize)],
     modality: Modality,
+    phrases: bool,
 ) -> String {
     // The protected ranges, sorted and merged, are walked alongside the
     // pieces (which come in text order).
@@ -545,17 +600,30 @@ fn drop_filler(
         }
     }
     let mut next = 0;
+    let pinned: Vec<bool> = pieces
+        .iter()
+        .map(|&(at, piece)| {
+            while next < merged.len() && merged[next].1 <= at {
+                next += 1;
+            }
+            merged.get(next).is_some_and(|&(s, _)| s < at + piece.len())
+        })
+        .collect();
+    let in_phrase = if phrases {
+        filler_phrases(pieces, &pinned, protected)
+    } else {
+        vec![false; pieces.len()]
+    };
     let mut kept: Vec<&str> = Vec::with_capacity(pieces.len());
-    for &(at, piece) in pieces {
-        while next < merged.len() && merged[next].1 <= at {
-            next += 1;
-        }
-        let pinned = merged.get(next).is_some_and(|&(s, _)| s < at + piece.len());
-        let filler = piece.chars().all(is_word_char) && {
-            let lower = piece.to_lowercase();
-            FILLER.contains(&lower.as_str()) && !protected.contains(&lower)
-        };
-        if pinned || !filler {
+    for (i, &(_, piece)) in pieces.iter().enumerate() {
+        // A filler word may carry the comma of its clause ("Also,").
+        let word = piece.trim_end_matches([',', ';', ':']);
+        let filler = in_phrase[i]
+            || !word.is_empty() && word.chars().all(is_word_char) && {
+                let lower = word.to_lowercase();
+                FILLER.contains(&lower.as_str()) && !protected.contains(&lower)
+            };
+        if pinned[i] || !filler {
             kept.push(piece);
         }
     }
@@ -570,6 +638,49 @@ fn drop_filler(
         Modality::Correction => "Correction:",
     };
     format!("{lead} {form}")
+}
+
+/// Which pieces belong to a [`FILLER_PHRASES`] occurrence that holds no
+/// pinned or protected word. A phrase matches words with trailing
+/// punctuation (the comma after a framing clause goes with it), but not
+/// a piece with anything else in it (code, paths).
+fn filler_phrases(
+    pieces: &[(usize, &str)],
+    pinned: &[bool],
+    protected: &HashSet<String>,
+) -> Vec<bool> {
+    let words: Vec<Option<String>> = pieces
+        .iter()
+        .map(|&(_, piece)| {
+            let word = piece.trim_end_matches([',', ';', ':', '.']);
+            (!word.is_empty() && word.chars().all(is_word_char)).then(|| word.to_lowercase())
+        })
+        .collect();
+    mark_phrases(&words, |i, word| !pinned[i] && !protected.contains(word))
+}
+
+/// Marks the words that stand in a [`FILLER_PHRASES`] occurrence, left to
+/// right, each word in at most one; `usable(i, word)` may veto a word.
+fn mark_phrases(words: &[Option<String>], usable: impl Fn(usize, &str) -> bool) -> Vec<bool> {
+    let mut out = vec![false; words.len()];
+    let mut i = 0;
+    while i < words.len() {
+        let found = FILLER_PHRASES.iter().find(|phrase| {
+            i + phrase.len() <= words.len()
+                && phrase
+                    .iter()
+                    .enumerate()
+                    .all(|(k, want)| words[i + k].as_deref() == Some(*want) && usable(i + k, want))
+        });
+        match found {
+            Some(phrase) => {
+                out[i..i + phrase.len()].iter_mut().for_each(|d| *d = true);
+                i += phrase.len();
+            }
+            None => i += 1,
+        }
+    }
+    out
 }
 
 /// White-space separated pieces of a text, where code spans (which may hold
@@ -759,6 +870,33 @@ mod tests {
             assert!(!form.contains("the "), "{form}");
             assert!(form.contains("`prod`"), "{form}");
         }
+    }
+
+    #[test]
+    fn compress_drops_framing_phrases_but_not_what_changes_the_demand() {
+        let c = counter(TokenizerKind::O200kBase);
+        let text = "Please remember that, whatever the task turns out to be, you must never write anything at all to the `prod` namespace; stage only.";
+        let p = derive(text, None);
+        let form = compress(text, &p, c).expect("compressible");
+        assert!(check(&form, c.count(&form), c.count(text), &p).is_ok());
+        for gone in ["remember that", "whatever the task", "at all"] {
+            assert!(!form.contains(gone), "{gone:?} in {form:?}");
+        }
+        assert!(form.contains("must never write"), "{form}");
+        // Qualifiers that change what is asked stay.
+        let text =
+            "If possible, always run the linter before you push under no circumstances to main.";
+        let p = derive(text, None);
+        let form = compress(text, &p, c).unwrap_or_else(|| text.to_owned());
+        assert!(form.contains("If possible"), "{form}");
+        assert!(form.contains("under no circumstances"), "{form}");
+        // A phrase word the predicate requires is kept.
+        let text = "Keep in mind that the session token must never be logged.";
+        let mut p = derive(text, None);
+        p.required_terms.push("mind".into());
+        let form = compress(text, &p, c).expect("compressible");
+        assert!(form.contains("mind"), "{form}");
+        assert!(check(&form, c.count(&form), c.count(text), &p).is_ok());
     }
 
     #[test]
