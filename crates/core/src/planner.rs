@@ -15,7 +15,13 @@
 //! budget. A summary needs room too, so eviction continues until
 //! `kept + incoming + reserve ≤ target`, where the reserve for `E` evicted
 //! tokens is `min(summary cap, E/4 + 32)`: a summary gets about a quarter
-//! of what it replaces. When the target cannot be reached even by evicting
+//! of what it replaces. Its anchors must also fit under the budget:
+//! `kept + incoming + min(summary cap, A + 32) ≤ budget`, where `A` is the
+//! tokens of the anchors the evicted summaries carry (at most the anchor
+//! budget). Those anchors are carried verbatim, so evicting a summary frees
+//! its prose only; without this condition a summary could be evicted alone
+//! and its anchors dropped for want of room while anchor-free narrative
+//! stays live. When the target cannot be reached even by evicting
 //! every candidate, the budget is the target instead. The summary's anchors
 //! may then use `min(anchor budget, summary cap, budget − kept − incoming)`
 //! — dropping an anchor is a loss, exceeding the soft target by a few
@@ -179,19 +185,35 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
             cap.min(evicted / 4 + SUMMARY_HEADER_RESERVE)
         }
     };
-    // prefix[k] = tokens of the first k candidates.
+    // prefix[k] = tokens of the first k candidates; carried[k] = tokens
+    // of the anchors the summaries among them oblige the next summary to
+    // carry.
     let mut prefix = Vec::with_capacity(order.len() + 1);
+    let mut carried = Vec::with_capacity(order.len() + 1);
     prefix.push(0u64);
+    carried.push(0u64);
     for &i in &order {
         let last = prefix.last().copied().unwrap_or(0);
         prefix.push(last + u64::from(live[i].tokens));
+        let last = carried.last().copied().unwrap_or(0);
+        carried.push(last + carried_anchor_tokens(&live[i], counter));
     }
+    // The least room the summary of the first k candidates needs under
+    // the budget: the anchors it must carry, as far as the anchor budget
+    // and the summary cap let it carry them.
+    let anchor_cap = u64::from(config.effective_anchor_budget_tokens());
+    let anchor_room = |k: usize| {
+        if prefix[k] == 0 {
+            0
+        } else {
+            cap.min(carried[k].min(anchor_cap) + SUMMARY_HEADER_RESERVE)
+        }
+    };
     let fits = |k: usize, goal: u64| {
-        let evicted = prefix[k];
-        let kept = before - evicted;
-        kept.saturating_add(incoming)
-            .saturating_add(reserve(evicted))
-            <= goal
+        let kept = before - prefix[k];
+        let needed = kept.saturating_add(incoming);
+        needed.saturating_add(reserve(prefix[k])) <= goal
+            && needed.saturating_add(anchor_room(k)) <= budget
     };
     let first_fit = |goal: u64| (mandatory..=order.len()).find(|&k| fits(k, goal));
     let (count, goal, exhausted) = match first_fit(target) {
@@ -276,6 +298,20 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
         target_tokens: goal,
         anchors_carried,
         anchors_dropped,
+    }
+}
+
+/// The tokens of the anchors a live span obliges the summary that replaces
+/// it to carry, as far as the reserve for that summary must count them: a
+/// summary's recorded anchors (carried verbatim, never shortened), 0 for
+/// an original span (its anchors are a part of its text that the quarter
+/// share covers).
+fn carried_anchor_tokens(span: &Span, counter: &dyn TokenCounter) -> u64 {
+    match &span.summary {
+        Some(info) if !info.anchors.is_empty() => {
+            u64::from(counter.count(&info.anchors.join(" | ")))
+        }
+        _ => 0,
     }
 }
 

@@ -49,8 +49,6 @@
 //! Within a rank the longest goes first (so that as many as possible
 //! survive), and among equally long ones the newest.
 
-use std::collections::HashSet;
-
 use crate::classify::{code_ranges, is_word_char};
 use crate::fasthash::{self, FastSet};
 use crate::span::{Span, SpanClass, SpanId};
@@ -499,15 +497,25 @@ fn choose_sentences(
 /// Salience: sentences sharing the evicted text's recurring words, naming
 /// code-like things, or opening their span rank first; long sentences are
 /// not favoured for length alone.
+///
+/// Each sentence's distinct words are kept sorted, so that the sum of
+/// their weights is taken in one order: a float sum in hash order would
+/// differ in its last bits from one call to the next, break ties between
+/// equally salient sentences differently, and make the same plan come out
+/// with another summary when it is re-derived to be committed.
 fn score_sentences(candidates: &mut [Candidate]) {
-    let words: Vec<HashSet<String>> = candidates
+    let words: Vec<Vec<String>> = candidates
         .iter()
         .map(|c| {
-            c.text
+            let mut words: Vec<String> = c
+                .text
                 .split(|ch: char| !is_word_char(ch))
                 .filter(|w| w.chars().count() >= 4)
                 .map(str::to_lowercase)
-                .collect()
+                .collect();
+            words.sort_unstable();
+            words.dedup();
+            words
         })
         .collect();
     let mut df: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
