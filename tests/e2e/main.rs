@@ -16,4 +16,5 @@ mod cliff;
 mod durable;
 mod ops;
 mod policy;
+mod retry;
 mod watch;

@@ -62,8 +62,14 @@ pub struct Broker {
 /// The result of an admission, for the wire.
 #[derive(Debug)]
 pub struct Admitted {
-    /// The admitted spans.
-    pub spans: Vec<Span>,
+    /// The admitted spans, as they stand: live, or archived when a replay
+    /// finds them evicted since.
+    pub spans: Vec<(Span, SpanState)>,
+    /// The spans' turn.
+    pub turn: u64,
+    /// Nothing was admitted: every span's idempotency key had been, and
+    /// `spans` are the originals.
+    pub replayed: bool,
     /// The committed compaction marker, when one ran.
     pub marker: Option<Marker>,
     /// The record after the admission.
@@ -89,8 +95,9 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The store write that carries a change.
-fn write_op(change: Change) -> Result<WriteOp, ApiError> {
+/// The store write that carries a change, with the idempotency keys of
+/// the spans it admits.
+fn write_op(change: Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, ApiError> {
     let Change {
         expected_revision,
         record,
@@ -117,6 +124,7 @@ fn write_op(change: Change) -> Result<WriteOp, ApiError> {
                 replace,
                 marker,
             }),
+            keys,
         }),
         None if append.is_empty() && evict.is_empty() && summary.is_none() => WriteOp::Rewrite {
             expected_revision,
@@ -129,6 +137,7 @@ fn write_op(change: Change) -> Result<WriteOp, ApiError> {
                 record,
                 append,
                 compaction: None,
+                keys,
             })
         }
         None => {
@@ -175,8 +184,19 @@ impl Broker {
     /// the session in memory. Cancel-safe: if this future is dropped while
     /// the writer holds the change, the next request reloads from disk.
     async fn persist(&self, loaded: &mut Loaded, change: Change) -> Result<Option<u64>, ApiError> {
+        self.persist_keyed(loaded, change, Vec::new()).await
+    }
+
+    /// [`Broker::persist`] for an admission whose spans carry the caller's
+    /// idempotency keys, stored in the same write.
+    async fn persist_keyed(
+        &self,
+        loaded: &mut Loaded,
+        change: Change,
+        keys: Vec<(String, SpanId)>,
+    ) -> Result<Option<u64>, ApiError> {
         loaded.stale = true;
-        let op = write_op(change.clone())?;
+        let op = write_op(change.clone(), keys)?;
         let ack = self.store.write(op).await?;
         loaded.session.apply(change, ack.marker_seq);
         loaded.stale = false;
@@ -252,9 +272,26 @@ impl Broker {
         loaded: &mut Loaded,
         outcome: Result<Change, Rejection>,
     ) -> Result<(Change, Option<u64>), ApiError> {
+        self.carry_out_keyed(loaded, outcome, &[]).await
+    }
+
+    /// [`Broker::carry_out`] for an admission: `keys[i]`, when not empty,
+    /// is the idempotency key of the change's i-th appended span.
+    async fn carry_out_keyed(
+        &self,
+        loaded: &mut Loaded,
+        outcome: Result<Change, Rejection>,
+        keys: &[String],
+    ) -> Result<(Change, Option<u64>), ApiError> {
         match outcome {
             Ok(change) => {
-                let seq = self.persist(loaded, change.clone()).await?;
+                let keyed = keys
+                    .iter()
+                    .zip(&change.append)
+                    .filter(|(key, _)| !key.is_empty())
+                    .map(|(key, span)| (key.clone(), span.id))
+                    .collect();
+                let seq = self.persist_keyed(loaded, change.clone(), keyed).await?;
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -408,6 +445,11 @@ impl Broker {
     /// memory update happen within it.
     pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
         let tokenizer = self.sessions.tokenizer(&self.store, id)?;
+        let keys: Vec<String> = inputs
+            .iter()
+            .map(|input| input.idempotency_key.clone())
+            .collect();
+        let keyed = keys.iter().any(|key| !key.is_empty());
         let mut incoming = prepare(inputs, tokenizer).await?;
 
         let mut loaded = self.sessions.lock(&self.store, id).await?;
@@ -428,9 +470,13 @@ impl Broker {
                 span.tokens = counter.count(&span.text);
             }
         }
+        if keyed && let Some(replay) = self.replay(&loaded, &incoming, &keys)? {
+            info!(session_id = id, turn = replay.turn, "turn replayed for its idempotency keys");
+            return Ok(replay);
+        }
         let counter = tokens::counter(actual);
         let outcome = loaded.session.admit(incoming, now_ms(), counter);
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out_keyed(&mut loaded, outcome, &keys).await?;
         let marker = change.marker.map(|mut marker| {
             marker.seq = seq.unwrap_or(0);
             info!(
@@ -455,10 +501,78 @@ impl Broker {
             self.queue_soft(id);
         }
         Ok(Admitted {
-            spans: change.append,
+            spans: change
+                .append
+                .into_iter()
+                .map(|span| (span, SpanState::Live))
+                .collect(),
+            turn: record.turns,
+            replayed: false,
             marker,
             record,
         })
+    }
+
+    /// The original admission of a turn whose every span carries an
+    /// idempotency key the session has admitted before, with the same role
+    /// and text, in the same order, as one turn. `None` when no key was
+    /// admitted before; INVALID_ARGUMENT, naming each key, when some were
+    /// and the turn is not exactly their retry.
+    fn replay(
+        &self,
+        loaded: &Loaded,
+        incoming: &[Incoming],
+        keys: &[String],
+    ) -> Result<Option<Admitted>, ApiError> {
+        let id = loaded.session.record.id.as_str();
+        let mut found = Vec::with_capacity(keys.len());
+        for key in keys {
+            found.push(self.store.span_by_key(id, key)?);
+        }
+        if found.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let mut bad = Vec::new();
+        let first = found.iter().flatten().next().map(|s| s.span.id);
+        let turn = found.iter().flatten().next().map(|s| s.span.turn);
+        for (i, (stored, given)) in found.iter().zip(incoming).enumerate() {
+            let field = format!("spans[{i}].idempotency_key");
+            let Some(stored) = stored else {
+                bad.push(BadField::new(
+                    field,
+                    "is new, but other keys of this turn were admitted before: a retry resends the whole turn, a new turn takes new keys",
+                ));
+                continue;
+            };
+            let span = &stored.span;
+            let text = span
+                .original
+                .as_ref()
+                .map_or(span.text.as_str(), |o| o.text.as_str());
+            let in_place = Some(span.id) == first.map(|f| f + i as u64) && Some(span.turn) == turn;
+            if span.role != given.role || text != given.text || !in_place {
+                bad.push(BadField::new(
+                    field,
+                    format!(
+                        "was used in this session for span {} (turn {}) with another role, text or place in its turn",
+                        span.id, span.turn
+                    ),
+                ));
+            }
+        }
+        validate::finish(bad)?;
+        let record = loaded.session.record.clone();
+        Ok(Some(Admitted {
+            turn: turn.unwrap_or(0),
+            spans: found
+                .into_iter()
+                .flatten()
+                .map(|stored| (stored.span, stored.state))
+                .collect(),
+            replayed: true,
+            marker: None,
+            record,
+        }))
     }
 
     /// A dry run of a compaction, bound to the session's revision.

@@ -101,12 +101,13 @@ fn admit_response(admitted: Admitted) -> pb::AdmitResponse {
         spans: admitted
             .spans
             .iter()
-            .map(|s| span_to_pb(s, SpanState::Live, 0.0))
+            .map(|(s, state)| span_to_pb(s, *state, 0.0))
             .collect(),
         compaction: admitted.marker.as_ref().map(marker_to_pb),
         totals: Some(totals_to_pb(&admitted.record)),
         revision: admitted.record.revision,
-        turn: admitted.record.turns,
+        turn: admitted.turn,
+        replayed: admitted.replayed,
     }
 }
 

@@ -356,6 +356,7 @@ pub fn turn_shape(spans: &[pb::SpanInput], limits: &Limits, bad: &mut Vec<BadFie
                 format!("must be a number in [0, 1]; got {hint}"),
             ));
         }
+        idempotency_key(i, spans, bad);
         if let Some(predicate) = &span.predicate {
             if matches!(class, Ok(pb::SpanClass::Narrative)) {
                 bad.push(BadField::new(
@@ -365,6 +366,45 @@ pub fn turn_shape(spans: &[pb::SpanInput], limits: &Limits, bad: &mut Vec<BadFie
             }
             predicate_shape(&field("predicate"), predicate, &span.text, bad);
         }
+    }
+}
+
+/// The longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+
+/// Checks span `i`'s idempotency key: printable ASCII without spaces, at
+/// most [`MAX_IDEMPOTENCY_KEY_BYTES`], set on every span of the turn or on
+/// none, and not repeated within the turn.
+fn idempotency_key(i: usize, spans: &[pb::SpanInput], bad: &mut Vec<BadField>) {
+    let field = format!("spans[{i}].idempotency_key");
+    let key = spans[i].idempotency_key.as_str();
+    if key.is_empty() {
+        if let Some(j) = spans.iter().position(|s| !s.idempotency_key.is_empty()) {
+            bad.push(BadField::new(
+                field,
+                format!("must be set: spans[{j}] carries one, and a turn's keys are set on every span or on none"),
+            ));
+        }
+        return;
+    }
+    if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+        bad.push(BadField::new(
+            field,
+            format!(
+                "must be at most {MAX_IDEMPOTENCY_KEY_BYTES} bytes; got {}",
+                key.len()
+            ),
+        ));
+    } else if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        bad.push(BadField::new(
+            field,
+            "must be printable ASCII without spaces",
+        ));
+    } else if let Some(j) = spans[..i].iter().position(|s| s.idempotency_key == key) {
+        bad.push(BadField::new(
+            field,
+            format!("repeats the key of spans[{j}]; each span takes its own"),
+        ));
     }
 }
 

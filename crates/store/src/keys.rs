@@ -31,17 +31,20 @@ pub(crate) enum TreeId {
     Markers,
     /// Format version and marker log bounds.
     Meta,
+    /// Session ‖ caller's idempotency key → the span admitted with it.
+    Keys,
 }
 
 impl TreeId {
     /// Every tree, in the order the writer's transaction takes them.
-    pub(crate) const ALL: [TreeId; 6] = [
+    pub(crate) const ALL: [TreeId; 7] = [
         TreeId::Sessions,
         TreeId::Spans,
         TreeId::Pins,
         TreeId::Archive,
         TreeId::Markers,
         TreeId::Meta,
+        TreeId::Keys,
     ];
 
     /// The tree's name on disk and in errors.
@@ -53,6 +56,7 @@ impl TreeId {
             TreeId::Archive => "archive",
             TreeId::Markers => "markers",
             TreeId::Meta => "meta",
+            TreeId::Keys => "keys",
         }
     }
 }
@@ -89,6 +93,26 @@ pub(crate) fn session_number_key(id: &str, number: u64) -> Vec<u8> {
     key
 }
 
+/// A session prefix followed by a caller's idempotency key.
+pub(crate) fn session_text_key(id: &str, text: &str) -> Vec<u8> {
+    let mut key = session_prefix(id);
+    key.extend_from_slice(text.as_bytes());
+    key
+}
+
+/// Splits a session-prefixed key into the session id and the text after
+/// it.
+fn parse_session_text_key(key: &[u8]) -> Option<(String, String)> {
+    let (&len, rest) = key.split_first()?;
+    let len = usize::from(len);
+    if rest.len() < len {
+        return None;
+    }
+    let id = std::str::from_utf8(&rest[..len]).ok()?;
+    let text = std::str::from_utf8(&rest[len..]).ok()?;
+    Some((id.to_owned(), text.to_owned()))
+}
+
 /// The key of a marker.
 pub(crate) fn marker_key(seq: u64) -> [u8; 8] {
     seq.to_be_bytes()
@@ -120,6 +144,7 @@ pub(crate) fn session_of(tree: TreeId, key: &[u8]) -> Option<String> {
         TreeId::Spans | TreeId::Pins | TreeId::Archive => {
             parse_session_number_key(key).map(|(id, _)| id)
         }
+        TreeId::Keys => parse_session_text_key(key).map(|(id, _)| id),
         TreeId::Markers | TreeId::Meta => None,
     }
 }
@@ -150,6 +175,10 @@ pub(crate) fn render(tree: TreeId, key: &[u8]) -> String {
         TreeId::Meta => match std::str::from_utf8(key) {
             Ok(name) => format!("{name:?}"),
             Err(_) => raw(),
+        },
+        TreeId::Keys => match parse_session_text_key(key) {
+            Some((id, text)) => format!("{id:?}/key {text:?}"),
+            None => raw(),
         },
     }
 }

@@ -106,6 +106,9 @@ pub struct AdmitWrite {
     pub append: Vec<Span>,
     /// The compaction the admission needed, applied before `append`.
     pub compaction: Option<CompactionWrite>,
+    /// The caller's idempotency keys of appended spans: (key, span id).
+    /// A key already stored for the session refuses the write.
+    pub keys: Vec<(String, SpanId)>,
 }
 
 /// A compaction's effect on the stored context.

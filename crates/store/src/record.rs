@@ -375,6 +375,13 @@ pub(crate) struct ArchivedRow {
     archived_by_seq: u64,
 }
 
+/// The span a caller's idempotency key admitted.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct KeyRow {
+    #[prost(uint64, tag = "1")]
+    span_id: u64,
+}
+
 /// An entry of a pin set.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct PinRow {
@@ -827,6 +834,16 @@ pub(crate) fn decode_pin(key: &[u8], value: &[u8]) -> Result<Pin, StoreError> {
             _ => Err(format!("record holds span {}", pin.span_id)),
         }
     })
+}
+
+/// Encodes an idempotency key's span for its key.
+pub(crate) fn encode_key(key: &[u8], span_id: SpanId) -> Vec<u8> {
+    seal(key, &KeyRow { span_id })
+}
+
+/// Decodes the span id found at `key` (session ‖ idempotency key).
+pub(crate) fn decode_key(key: &[u8], value: &[u8]) -> Result<SpanId, StoreError> {
+    read(TreeId::Keys, key, value, |row: KeyRow| Ok(row.span_id))
 }
 
 /// Encodes a marker for its key.

@@ -234,6 +234,37 @@ impl Store {
         Ok(None)
     }
 
+    /// The span a caller's idempotency key admitted, live or archived;
+    /// `None` when the session never admitted that key.
+    pub fn span_by_key(&self, session: &str, key: &str) -> Result<Option<StoredSpan>, StoreError> {
+        keys::check_session_id(session)?;
+        let stored_key = keys::session_text_key(session, key);
+        let span_id = {
+            let _snapshot = self.snapshot();
+            self.require_session(session)?;
+            match self
+                .inner
+                .trees
+                .keys
+                .get(&stored_key)
+                .map_err(StoreError::engine)?
+            {
+                Some(value) => record::decode_key(&stored_key, &value)?,
+                None => return Ok(None),
+            }
+        };
+        // A key is never rewritten, only deleted with its session: the
+        // span it names is read like any other.
+        match self.span(session, span_id)? {
+            Some(span) => Ok(Some(span)),
+            None => Err(record::corrupt(
+                TreeId::Keys,
+                &stored_key,
+                format!("names span {span_id}, which the session does not hold"),
+            )),
+        }
+    }
+
     /// A session's pin set: its live constraints and their predicates, in
     /// span id order.
     pub fn pins(&self, session: &str) -> Result<Vec<Pin>, StoreError> {

@@ -98,6 +98,7 @@ async fn populated(dir: &Path) -> Store {
                 record: record(id, 2, 4),
                 append: vec![span(1), span(2), span(3)],
                 compaction: None,
+                keys: Vec::new(),
             }))
             .await
             .unwrap();
@@ -115,6 +116,7 @@ async fn populated(dir: &Path) -> Store {
                 replace: vec![],
                 marker: marker("hurt", 1),
             }),
+            keys: Vec::new(),
         }))
         .await
         .unwrap();
@@ -192,6 +194,7 @@ async fn a_damaged_span_is_reported_not_served() {
             replace: vec![],
             marker: marker("hurt", 2),
         }),
+        keys: Vec::new(),
     });
     assert_corrupt(
         store.write(evict_damaged).await,
@@ -434,4 +437,91 @@ async fn delete_and_recreate_in_one_batch() {
     assert_eq!(store.session("x").unwrap().unwrap(), fresh.record);
     assert_eq!(store.session_count(), 2);
     store.close().unwrap();
+}
+
+#[tokio::test]
+async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    store
+        .write(WriteOp::CreateSession {
+            record: record("k", 1, 1),
+        })
+        .await
+        .unwrap();
+    store
+        .write(WriteOp::Admit(AdmitWrite {
+            expected_revision: 1,
+            record: record("k", 2, 3),
+            append: vec![span(1), span(2)],
+            compaction: None,
+            keys: vec![("turn-1/a".into(), 1), ("turn-1/b".into(), 2)],
+        }))
+        .await
+        .unwrap();
+    let found = store.span_by_key("k", "turn-1/b").unwrap().unwrap();
+    assert_eq!((found.span.id, found.state), (2, SpanState::Live));
+    assert!(store.span_by_key("k", "turn-2/a").unwrap().is_none());
+
+    // A key can be taken once; a key for a span the write does not admit
+    // is refused; neither write changes anything.
+    for (keys, append) in [
+        (vec![("turn-1/a".to_owned(), 3)], vec![span(3)]),
+        (vec![("turn-2/a".to_owned(), 1)], vec![span(3)]),
+    ] {
+        let refused = store
+            .write(WriteOp::Admit(AdmitWrite {
+                expected_revision: 2,
+                record: record("k", 3, 4),
+                append,
+                compaction: None,
+                keys,
+            }))
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::InvalidWrite { .. })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(store.session("k").unwrap().unwrap().revision, 2);
+    assert!(store.span_by_key("k", "turn-2/a").unwrap().is_none());
+
+    // Evicted, the span is still found, archived.
+    let mut after = record("k", 3, 3);
+    after.marker_count = 1;
+    store
+        .write(WriteOp::Admit(AdmitWrite {
+            expected_revision: 2,
+            record: after,
+            append: vec![],
+            compaction: Some(CompactionWrite {
+                evict: vec![1],
+                summary: None,
+                replace: vec![],
+                marker: marker("k", 1),
+            }),
+            keys: Vec::new(),
+        }))
+        .await
+        .unwrap();
+    let found = store.span_by_key("k", "turn-1/a").unwrap().unwrap();
+    assert_eq!(found.span.id, 1);
+    assert!(matches!(found.state, SpanState::Archived { .. }));
+
+    // Deleted with the session; a new session of that id starts afresh.
+    store
+        .write(WriteOp::DeleteSession { id: "k".into() })
+        .await
+        .unwrap();
+    store
+        .write(WriteOp::CreateSession {
+            record: record("k", 1, 1),
+        })
+        .await
+        .unwrap();
+    assert!(store.span_by_key("k", "turn-1/a").unwrap().is_none());
+    assert_eq!(
+        keys::render(TreeId::Keys, &keys::session_text_key("k", "t/1")),
+        "\"k\"/key \"t/1\""
+    );
 }

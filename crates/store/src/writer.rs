@@ -48,6 +48,7 @@ pub(crate) struct Trees {
     pub(crate) archive: sled::Tree,
     pub(crate) markers: sled::Tree,
     pub(crate) meta: sled::Tree,
+    pub(crate) keys: sled::Tree,
 }
 
 impl Trees {
@@ -60,6 +61,7 @@ impl Trees {
             archive: tree(TreeId::Archive)?,
             markers: tree(TreeId::Markers)?,
             meta: tree(TreeId::Meta)?,
+            keys: tree(TreeId::Keys)?,
             db,
         })
     }
@@ -72,6 +74,7 @@ impl Trees {
             TreeId::Archive => &self.archive,
             TreeId::Markers => &self.markers,
             TreeId::Meta => &self.meta,
+            TreeId::Keys => &self.keys,
         }
     }
 }
@@ -409,8 +412,9 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
         &trees.archive,
         &trees.markers,
         &trees.meta,
+        &trees.keys,
     )
-        .transaction(|(sessions, spans, pins, archive, markers, meta)| {
+        .transaction(|(sessions, spans, pins, archive, markers, meta, keys)| {
             for ((tree, key), value) in writes {
                 let tree = match tree {
                     TreeId::Sessions => sessions,
@@ -419,6 +423,7 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
                     TreeId::Archive => archive,
                     TreeId::Markers => markers,
                     TreeId::Meta => meta,
+                    TreeId::Keys => keys,
                 };
                 match value {
                     Some(value) => {
@@ -776,9 +781,9 @@ fn apply(
             }
             let prefix = keys::session_prefix(&id);
             let mut spans_deleted = 0;
-            for tree in [TreeId::Spans, TreeId::Pins, TreeId::Archive] {
+            for tree in [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys] {
                 for key in stage.scan_keys(tree, &prefix)? {
-                    if tree != TreeId::Pins {
+                    if matches!(tree, TreeId::Spans | TreeId::Archive) {
                         spans_deleted += 1;
                     }
                     stage.del(tree, key);
@@ -840,6 +845,7 @@ fn admit(
         record,
         append,
         compaction,
+        keys: idempotency,
     } = write;
     let session = record.id.as_str();
     keys::check_session_id(session)?;
@@ -888,6 +894,23 @@ fn admit(
     for span in &append {
         check_new_id(session, span.id, &stored, &record)?;
         insert_span(stage, session, span)?;
+    }
+    for (key, span_id) in &idempotency {
+        if !append.iter().any(|s| s.id == *span_id) {
+            return Err(invalid(
+                session,
+                format!("idempotency key {key:?} names span {span_id}, which this write does not admit"),
+            ));
+        }
+        let stored_key = keys::session_text_key(session, key);
+        if stage.get(TreeId::Keys, &stored_key)?.is_some() {
+            return Err(invalid(
+                session,
+                format!("idempotency key {key:?} is already taken"),
+            ));
+        }
+        let value = record::encode_key(&stored_key, *span_id);
+        stage.put(TreeId::Keys, stored_key, value);
     }
     put_session(stage, &record);
     Ok(WriteAck {

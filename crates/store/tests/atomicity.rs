@@ -208,6 +208,7 @@ async fn an_admission_without_compaction_writes_no_marker() {
             record: s.record.clone(),
             append: spans,
             compaction: None,
+            keys: Vec::new(),
         }))
         .await
         .unwrap();

@@ -156,6 +156,7 @@ impl Session {
             record: self.record.clone(),
             append: spans,
             compaction: None,
+            keys: Vec::new(),
         })
     }
 
@@ -229,6 +230,7 @@ impl Session {
                 replace,
                 marker: m,
             }),
+            keys: Vec::new(),
         });
         (op, summary)
     }
