@@ -252,9 +252,18 @@ impl Broker {
                 planned,
                 current,
             },
-            Rejection::SpanNotLive { span_id } => ApiError::SpanNotLive {
-                session_id,
-                span_id,
+            // An archived span exists but is not live; an id the session
+            // never gave is not found.
+            Rejection::SpanNotLive { span_id } => match self.store.span(&session_id, span_id) {
+                Ok(Some(_)) => ApiError::SpanNotLive {
+                    session_id,
+                    span_id,
+                },
+                Ok(None) => ApiError::SpanNotFound {
+                    session_id,
+                    span_id,
+                },
+                Err(err) => err.into(),
             },
             Rejection::WrongClass { span_id, detail } => ApiError::WrongClass {
                 session_id,
@@ -471,7 +480,11 @@ impl Broker {
             }
         }
         if keyed && let Some(replay) = self.replay(&loaded, &incoming, &keys)? {
-            info!(session_id = id, turn = replay.turn, "turn replayed for its idempotency keys");
+            info!(
+                session_id = id,
+                turn = replay.turn,
+                "turn replayed for its idempotency keys"
+            );
             return Ok(replay);
         }
         let counter = tokens::counter(actual);
