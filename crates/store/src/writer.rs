@@ -899,7 +899,9 @@ fn admit(
         if !append.iter().any(|s| s.id == *span_id) {
             return Err(invalid(
                 session,
-                format!("idempotency key {key:?} names span {span_id}, which this write does not admit"),
+                format!(
+                    "idempotency key {key:?} names span {span_id}, which this write does not admit"
+                ),
             ));
         }
         let stored_key = keys::session_text_key(session, key);
