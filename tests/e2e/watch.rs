@@ -169,3 +169,78 @@ async fn shutdown_ends_watches_with_where_to_resume() {
     assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
     assert_eq!(ended.metadata().get("resume-from-seq").unwrap(), "3");
 }
+
+#[tokio::test]
+async fn a_stalled_watcher_neither_holds_back_admissions_nor_misses_a_marker() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "busy", window(400)).await;
+
+    // A watcher on its own connection reads its (empty) replay, then stops
+    // reading while hundreds of markers are written: far more than the
+    // transport's windows and the server's buffers hold.
+    let mut watcher = daemon.client().await;
+    let (stalled, replayed) = watch_replay(&mut watcher, 0).await;
+    assert!(replayed.is_empty());
+
+    let mut written = 0u64;
+    for n in 0..600u64 {
+        let text = format!("Step {n}: {}", prose(n, &["stall", "busy"], 120));
+        let reply = admit(&mut client, "busy", vec![span(Role::Tool, &text)])
+            .await
+            .unwrap_or_else(|s| panic!("admission {n} held back or refused: {s:?}"));
+        written += u64::from(reply.compaction.is_some());
+    }
+    assert!(written >= 300, "{written} markers");
+
+    // When it reads again it gets every marker from 1 in order, once — or
+    // a status saying where to resume, and the rest from there.
+    let mut seqs = Vec::new();
+    let mut stream = stalled;
+    loop {
+        if seqs.len() as u64 == written {
+            break;
+        }
+        let next = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .expect("the watcher is served within 30 s");
+        match next {
+            Ok(Some(event)) => {
+                if let Some(pb::watch_compactions_response::Event::Marker(m)) = event.event {
+                    seqs.push(m.seq);
+                }
+            }
+            Ok(None) => panic!(
+                "the watch ended without a status after {} markers",
+                seqs.len()
+            ),
+            Err(status) => {
+                let resume: u64 = status
+                    .metadata()
+                    .get("resume-from-seq")
+                    .unwrap_or_else(|| panic!("a resumable status: {status:?}"))
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(
+                    resume,
+                    seqs.len() as u64 + 1,
+                    "resume where delivery stopped"
+                );
+                stream = watch_replay(&mut watcher, resume).await.0;
+            }
+        }
+    }
+    assert_eq!(seqs, (1..=written).collect::<Vec<_>>());
+    eprintln!(
+        "stalled watcher: {written} markers written while it did not read, all delivered in order"
+    );
+    // Nothing more arrives: the watcher saw exactly the markers written.
+    if let Ok(Ok(Some(pb::WatchCompactionsResponse {
+        event: Some(pb::watch_compactions_response::Event::Marker(m)),
+    }))) = tokio::time::timeout(Duration::from_millis(300), stream.message()).await
+    {
+        panic!("an extra marker {}", m.seq);
+    }
+}
