@@ -13,6 +13,7 @@ mod support;
 mod bad_input;
 mod burst;
 mod cliff;
+mod corruption;
 mod durable;
 mod ops;
 mod policy;

@@ -15,6 +15,8 @@ pub(crate) const MAX_SESSION_ID_BYTES: usize = 128;
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
 /// The meta key holding the marker log's bounds.
 pub(crate) const META_MARKER_LOG: &[u8] = b"marker_log";
+/// The meta key holding the commit epoch: one more per applied batch.
+pub(crate) const META_COMMIT_EPOCH: &[u8] = b"commit_epoch";
 
 /// The keyspaces, one sled tree each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -894,6 +894,30 @@ pub(crate) fn decode_marker_log(value: &[u8]) -> Result<MarkerLogRow, StoreError
 /// The stored format version: four big-endian bytes and their crc32. It
 /// sits outside the record frame on purpose, so that a future build that
 /// changes the frame can still be recognised and refused by this one.
+pub(crate) fn encode_epoch(epoch: u64) -> [u8; 12] {
+    let mut out = [0u8; 12];
+    out[..8].copy_from_slice(&epoch.to_be_bytes());
+    out[8..].copy_from_slice(&crc32fast::hash(&epoch.to_be_bytes()).to_be_bytes());
+    out
+}
+
+/// Reads a commit epoch written by [`encode_epoch`]; the error says what
+/// is wrong with the bytes.
+pub(crate) fn decode_epoch(value: &[u8]) -> Result<u64, String> {
+    let bytes: [u8; 12] = value
+        .try_into()
+        .map_err(|_| format!("{} bytes, expected 12", value.len()))?;
+    let mut epoch = [0u8; 8];
+    epoch.copy_from_slice(&bytes[..8]);
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&bytes[8..]);
+    if crc32fast::hash(&epoch) != u32::from_be_bytes(crc) {
+        return Err("checksum mismatch".into());
+    }
+    Ok(u64::from_be_bytes(epoch))
+}
+
+/// Encodes the stored format version with its checksum.
 pub(crate) fn encode_format_version(version: u32) -> [u8; 8] {
     let mut out = [0u8; 8];
     out[..4].copy_from_slice(&version.to_be_bytes());

@@ -17,7 +17,7 @@ use crate::model::{
     WriteOp,
 };
 use crate::record::{self, FORMAT_VERSION};
-use crate::writer::{Flusher, Msg, Request, Shared, Trees, Writer};
+use crate::writer::{EpochFile, Flusher, Msg, Request, Shared, Trees, Writer};
 
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
@@ -68,6 +68,9 @@ impl Store {
             })?;
         let trees = Trees::open(db)?;
         let (next_seq, oldest_seq) = check_format(&trees)?;
+        let (mut epoch_file, recorded) = EpochFile::open(dir)?;
+        let epoch = check_epoch(&trees, dir, recorded)?;
+        epoch_file.record(epoch)?;
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
             MarkerBounds {
@@ -87,6 +90,8 @@ impl Store {
             hook: options.on_commit,
             unpublished: Vec::new(),
             bounds: None,
+            epoch_file,
+            epoch,
         };
         let flusher_thread = std::thread::Builder::new()
             .name("ctxbroker-store-flusher".into())
@@ -103,6 +108,7 @@ impl Store {
             next_seq,
             oldest_seq,
             sessions,
+            epoch,
         };
         let handle = std::thread::Builder::new()
             .name("ctxbroker-store-writer".into())
@@ -408,6 +414,33 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+/// The engine's commit epoch, checked against the one recorded beside it
+/// after the last flush: an engine behind that record lost acknowledged
+/// writes (see [`EpochFile`]), and the store is refused.
+fn check_epoch(trees: &Trees, dir: &Path, recorded: Option<u64>) -> Result<u64, StoreError> {
+    let engine = match trees
+        .meta
+        .get(keys::META_COMMIT_EPOCH)
+        .map_err(StoreError::engine)?
+    {
+        Some(value) => record::decode_epoch(&value)
+            .map_err(|detail| record::corrupt(TreeId::Meta, keys::META_COMMIT_EPOCH, detail))?,
+        None => 0,
+    };
+    match recorded {
+        Some(acknowledged) if acknowledged > engine => Err(record::corrupt(
+            TreeId::Meta,
+            keys::META_COMMIT_EPOCH,
+            format!(
+                "the store lost acknowledged writes: commit epoch {acknowledged} was flushed and acknowledged, but the engine recovered only epoch {engine} from {}; its log is damaged (a flipped bit or a truncated file). Refusing to serve it as valid: restore the directory from a backup, or remove {} to accept the loss",
+                dir.display(),
+                dir.join(EpochFile::NAME).display()
+            ),
+        )),
+        _ => Ok(engine),
     }
 }
 

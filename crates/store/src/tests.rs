@@ -602,3 +602,43 @@ mod decoder_props {
         }
     }
 }
+
+#[tokio::test]
+async fn an_engine_behind_the_recorded_commit_epoch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    store.close().unwrap();
+    drop(store);
+    // A clean reopen is accepted; the epoch file names the engine's epoch.
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    store.close().unwrap();
+    drop(store);
+    let path = dir.path().join("commit-epoch");
+    let recorded = record::decode_epoch(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(recorded >= 5, "one epoch per applied batch: {recorded}");
+
+    // The engine comes back older than what was acknowledged (as after a
+    // damaged log): refused, naming both epochs and the way out.
+    std::fs::write(&path, record::encode_epoch(recorded + 3)).unwrap();
+    let refused = Store::open(dir.path(), StoreOptions::default()).map(drop);
+    let Err(StoreError::Corrupt { tree, detail, .. }) = refused else {
+        panic!("not refused: {refused:?}");
+    };
+    assert_eq!(tree, "meta");
+    assert!(detail.contains("lost acknowledged writes"), "{detail}");
+    assert!(
+        detail.contains(&format!("epoch {}", recorded + 3)),
+        "{detail}"
+    );
+    assert!(detail.contains(&format!("epoch {recorded}")), "{detail}");
+
+    // A damaged epoch file is reported too; removing it accepts the store.
+    std::fs::write(&path, b"garbage").unwrap();
+    assert!(matches!(
+        Store::open(dir.path(), StoreOptions::default()).map(drop),
+        Err(StoreError::Corrupt { .. })
+    ));
+    std::fs::remove_file(&path).unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.session("hurt").unwrap().unwrap().revision, 3);
+}

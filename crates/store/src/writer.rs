@@ -178,6 +178,8 @@ pub(crate) struct Writer {
     pub(crate) oldest_seq: u64,
     /// Sessions stored.
     pub(crate) sessions: u64,
+    /// The commit epoch of the last applied batch.
+    pub(crate) epoch: u64,
 }
 
 impl Writer {
@@ -249,6 +251,15 @@ impl Writer {
             return;
         }
 
+        // Every applied batch moves the epoch; the flusher records the
+        // durable one beside the engine's files (see `EpochFile`).
+        let epoch = self.epoch + 1;
+        stage.put(
+            TreeId::Meta,
+            keys::META_COMMIT_EPOCH.to_vec(),
+            record::encode_epoch(epoch).to_vec(),
+        );
+        stage.keep();
         let mut oldest = self.oldest_seq;
         if !markers.is_empty() {
             if self.retention > 0 && next_seq - oldest > self.retention {
@@ -282,12 +293,14 @@ impl Writer {
             return;
         }
         shared.transactions.fetch_add(1, Ordering::Relaxed);
+        self.epoch = epoch;
         self.next_seq = next_seq;
         self.oldest_seq = oldest;
         self.sessions = sessions;
         shared.sessions.store(sessions, Ordering::Relaxed);
         let handed = self.flusher.send(Applied {
             acks: accepted,
+            epoch,
             markers,
             bounds: MarkerBounds {
                 oldest,
@@ -307,6 +320,7 @@ impl Writer {
 /// A batch the writer applied, waiting for a flush to cover it.
 pub(crate) struct Applied {
     acks: Vec<(Ack, WriteAck)>,
+    epoch: u64,
     markers: Vec<Marker>,
     bounds: MarkerBounds,
 }
@@ -327,6 +341,73 @@ pub(crate) struct Flusher {
     pub(crate) unpublished: Vec<Marker>,
     /// The bounds to publish with them.
     pub(crate) bounds: Option<MarkerBounds>,
+    /// Where the durable commit epoch is recorded.
+    pub(crate) epoch_file: EpochFile,
+    /// The epoch of the last batch handed over.
+    pub(crate) epoch: u64,
+}
+
+/// The commit epoch recorded outside the engine, in `commit-epoch` beside
+/// its files, after every flush.
+///
+/// The engine recovers from a damaged log by stopping at the damage: a
+/// flipped bit in the middle of its log or a truncated file comes back as
+/// an older, consistent-looking store, and the writes after the damage are
+/// gone without a word. This file is how that is noticed: it is written
+/// only after the engine's flush returned, so it never names an epoch the
+/// engine did not make durable, and it is not synced itself (a crash of
+/// the process leaves it in the page cache; losing power can only make it
+/// older, never newer). On open, an engine epoch below the file's means
+/// acknowledged writes were lost, and the store refuses to serve.
+#[derive(Debug)]
+pub(crate) struct EpochFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl EpochFile {
+    /// The file's name in the data directory.
+    pub(crate) const NAME: &'static str = "commit-epoch";
+
+    /// Opens (or creates) the file in `dir` and returns it with the epoch
+    /// it holds (`None` when empty: a new store, or one written before the
+    /// file existed).
+    pub(crate) fn open(dir: &std::path::Path) -> Result<(EpochFile, Option<u64>), StoreError> {
+        use std::io::Read;
+        let path = dir.join(Self::NAME);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| StoreError::Io(format!("opening {}: {e}", path.display())))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))?;
+        let epoch = if bytes.is_empty() {
+            None
+        } else {
+            Some(record::decode_epoch(&bytes).map_err(|detail| StoreError::Corrupt {
+                tree: "meta".into(),
+                key: format!("{:?}", path.display().to_string()),
+                session: None,
+                detail: format!(
+                    "{detail}; the file records the last durable commit epoch (remove it to accept the store as it is)"
+                ),
+            })?)
+        };
+        Ok((EpochFile { file, path }, epoch))
+    }
+
+    /// Records `epoch`: 12 bytes written in place, in one call.
+    pub(crate) fn record(&mut self, epoch: u64) -> Result<(), StoreError> {
+        use std::io::{Seek, SeekFrom, Write};
+        self.file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| self.file.write_all(&record::encode_epoch(epoch)))
+            .map_err(|e| StoreError::Io(format!("writing {}: {e}", self.path.display())))
+    }
 }
 
 impl Flusher {
@@ -341,6 +422,7 @@ impl Flusher {
         }
         self.shared.flushes.fetch_add(1, Ordering::Relaxed);
         self.db.flush().map_err(StoreError::engine)?;
+        self.epoch_file.record(self.epoch)?;
         self.publish();
         Ok(())
     }
@@ -348,6 +430,7 @@ impl Flusher {
     fn commit(&mut self, group: Vec<Applied>) {
         let mut acks = Vec::new();
         for mut applied in group {
+            self.epoch = self.epoch.max(applied.epoch);
             self.unpublished.append(&mut applied.markers);
             self.bounds = Some(applied.bounds);
             acks.append(&mut applied.acks);
@@ -363,6 +446,11 @@ impl Flusher {
                     let _ = ack.send(Err(err.clone()));
                 }
                 return;
+            }
+            // Only what the flush covered is recorded; a failure here
+            // leaves the file older, which is safe.
+            if let Err(err) = self.epoch_file.record(self.epoch) {
+                tracing::warn!(%err, "recording the commit epoch failed");
             }
         }
         self.publish();
