@@ -15,6 +15,8 @@ mod burst;
 mod cliff;
 mod corruption;
 mod durable;
+#[cfg(feature = "failpoints")]
+mod faults;
 mod ops;
 mod policy;
 mod retry;

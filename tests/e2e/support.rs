@@ -27,6 +27,8 @@ pub struct Daemon {
     data_dir: PathBuf,
     _temp: Option<tempfile::TempDir>,
     extra_args: Vec<String>,
+    /// Faults to inject from the next start on (`FAILPOINTS`).
+    faults: Option<String>,
 }
 
 impl Daemon {
@@ -48,6 +50,7 @@ impl Daemon {
             data_dir,
             _temp: Some(temp),
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            faults: None,
         };
         daemon.spawn();
         daemon.ready().await;
@@ -70,6 +73,10 @@ impl Daemon {
                 std::env::var("CTXBROKER_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::null());
+        match &self.faults {
+            Some(spec) => command.env("FAILPOINTS", spec),
+            None => command.env_remove("FAILPOINTS"),
+        };
         // SAFETY: between fork and exec only dup2 runs, which is
         // async-signal-safe; the duplicate has no close-on-exec flag, so
         // the daemon inherits the listening socket as fd 3.
@@ -95,6 +102,12 @@ impl Daemon {
         .await
         .expect("the daemon answers within 60 s")
         .expect("GetServerInfo succeeds");
+    }
+
+    /// Faults the daemon injects from its next start on (in builds with
+    /// the `failpoints` feature), as `FAILPOINTS` spells them.
+    pub fn set_faults(&mut self, spec: Option<&str>) {
+        self.faults = spec.map(str::to_owned);
     }
 
     /// The daemon's address.

@@ -617,6 +617,11 @@ impl Broker {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
         let outcome = loaded.session.commit(plan_id, &edits, now_ms(), counter);
+        if outcome.is_ok() && ctxbroker_store::fault("broker::between_plan_and_commit") {
+            return Err(ApiError::Internal(
+                "injected fault between plan and commit".into(),
+            ));
+        }
         let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
         Ok(self.committed(&loaded, change, seq, "compaction committed by the caller"))
     }

@@ -50,6 +50,10 @@ pub enum ServerError {
 /// Parses the command line, sets up logging and runs the daemon until
 /// SIGINT or SIGTERM. A second signal exits at once.
 pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo) -> ExitCode {
+    // Faults named in FAILPOINTS, for the reliability tests; only in builds
+    // with the `failpoints` feature.
+    #[cfg(feature = "failpoints")]
+    let _faults = fail::FailScenario::setup();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {

@@ -62,3 +62,27 @@ pub use model::{
     SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
 };
 pub use store::Store;
+
+/// Whether the named fault is injected now. Only builds with the
+/// `failpoints` feature inject faults (configured by `FAILPOINTS`, as the
+/// `fail` crate reads it); in every other build this is `false` and costs
+/// nothing. The names:
+///
+/// - `store::before_transaction`: a batch fails before it is applied;
+/// - `store::after_transaction`: a batch is applied but its writes are
+///   answered with an error before any flush;
+/// - `store::before_flush`: the flush covering applied batches fails;
+/// - `store::after_flush`: batches are durable but answered with an error;
+/// - `broker::between_plan_and_commit` (the server's): a caller's commit
+///   fails after its plan was re-derived and verified.
+#[cfg(feature = "failpoints")]
+pub fn fault(name: &str) -> bool {
+    fail::eval(name, |_| ()).is_some()
+}
+
+/// Whether the named fault is injected now: never, in this build.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fault(_name: &str) -> bool {
+    false
+}

@@ -279,6 +279,13 @@ impl Writer {
         }
 
         let writes = stage.into_writes();
+        if crate::fault("store::before_transaction") {
+            let err = StoreError::Io("injected fault before the transaction".into());
+            for (ack, _) in accepted {
+                let _ = ack.send(Err(err.clone()));
+            }
+            return;
+        }
         let applied = {
             let _exclusive = shared
                 .snapshot
@@ -294,6 +301,29 @@ impl Writer {
         }
         shared.transactions.fetch_add(1, Ordering::Relaxed);
         self.epoch = epoch;
+        if crate::fault("store::after_transaction") {
+            // Applied, so the state moved on: the writer's counters follow
+            // it, and the callers get an error, never an acknowledgement
+            // the flush has not earned.
+            self.next_seq = next_seq;
+            self.oldest_seq = oldest;
+            self.sessions = sessions;
+            shared.sessions.store(sessions, Ordering::Relaxed);
+            let err = StoreError::Io("injected fault after the transaction".into());
+            for (ack, _) in accepted {
+                let _ = ack.send(Err(err.clone()));
+            }
+            let _ = self.flusher.send(Applied {
+                acks: Vec::new(),
+                epoch,
+                markers,
+                bounds: MarkerBounds {
+                    oldest,
+                    next: next_seq,
+                },
+            });
+            return;
+        }
         self.next_seq = next_seq;
         self.oldest_seq = oldest;
         self.sessions = sessions;
@@ -437,10 +467,14 @@ impl Flusher {
         }
         if self.durability == Durability::Flush {
             self.shared.flushes.fetch_add(1, Ordering::Relaxed);
-            if let Err(err) = self.db.flush() {
+            let flushed = if crate::fault("store::before_flush") {
+                Err(StoreError::Io("injected fault before the flush".into()))
+            } else {
+                self.db.flush().map_err(StoreError::engine)
+            };
+            if let Err(err) = flushed {
                 let err = StoreError::Io(format!(
-                    "flush failed, so these writes may or may not survive a crash: {}",
-                    StoreError::engine(err)
+                    "flush failed, so these writes may or may not survive a crash: {err}"
                 ));
                 for (ack, _) in acks {
                     let _ = ack.send(Err(err.clone()));
@@ -454,6 +488,13 @@ impl Flusher {
             }
         }
         self.publish();
+        if crate::fault("store::after_flush") {
+            let err = StoreError::Io("injected fault after the flush".into());
+            for (ack, _) in acks {
+                let _ = ack.send(Err(err.clone()));
+            }
+            return;
+        }
         for (ack, outcome) in acks {
             // The caller may have stopped waiting; the write stands.
             let _ = ack.send(Ok(outcome));
