@@ -14,6 +14,7 @@ mod bad_input;
 mod burst;
 mod cliff;
 mod corruption;
+mod crash_loop;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;

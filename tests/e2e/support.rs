@@ -139,6 +139,14 @@ impl Daemon {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The exit status, when the daemon has exited on its own (not by
+    /// [`Daemon::kill9`] or [`Daemon::terminate`]); `None` while it runs.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// `kill -9`: no flush, no goodbye.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
