@@ -53,6 +53,22 @@ impl Sessions {
             .clone()
     }
 
+    /// Loads the session into its held slot when the slot is empty or
+    /// stale. False when the store does not hold it (the slot is then
+    /// emptied; the caller releases and forgets it).
+    fn fill(
+        &self,
+        store: &Store,
+        id: &str,
+        guard: &mut OwnedMutexGuard<Option<Loaded>>,
+    ) -> Result<bool, ApiError> {
+        if guard.as_ref().is_some_and(|l| !l.stale) {
+            return Ok(true);
+        }
+        **guard = load(store, id)?;
+        Ok(guard.is_some())
+    }
+
     fn forget(&self, id: &str, slot: &Slot) {
         let mut slots = self
             .slots
@@ -76,16 +92,10 @@ impl Sessions {
                 self.forget(id, &slot);
                 continue;
             }
-            if guard.as_ref().is_none_or(|l| l.stale) {
-                match load(store, id)? {
-                    Some(loaded) => *guard = Some(loaded),
-                    None => {
-                        *guard = None;
-                        drop(guard);
-                        self.forget(id, &slot);
-                        return Err(ApiError::SessionNotFound(id.to_owned()));
-                    }
-                }
+            if !self.fill(store, id, &mut guard)? {
+                drop(guard);
+                self.forget(id, &slot);
+                return Err(ApiError::SessionNotFound(id.to_owned()));
             }
             return OwnedMutexGuard::try_map(guard, Option::as_mut)
                 .map_err(|_| ApiError::SessionNotFound(id.to_owned()));
@@ -164,16 +174,10 @@ impl Sessions {
         if guard.as_ref().is_some_and(|l| l.gone) {
             return Ok(None);
         }
-        if guard.as_ref().is_none_or(|l| l.stale) {
-            match load(store, id)? {
-                Some(loaded) => *guard = Some(loaded),
-                None => {
-                    *guard = None;
-                    drop(guard);
-                    self.forget(id, &slot);
-                    return Ok(None);
-                }
-            }
+        if !self.fill(store, id, &mut guard)? {
+            drop(guard);
+            self.forget(id, &slot);
+            return Ok(None);
         }
         Ok(OwnedMutexGuard::try_map(guard, Option::as_mut).ok())
     }
