@@ -292,3 +292,61 @@ async fn an_admit_stream_replies_in_order_with_inline_errors() {
         "the stream ends when the client does"
     );
 }
+
+#[tokio::test]
+async fn an_admit_stream_that_sends_faster_than_it_reads_is_held_back_not_dropped() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "flood", window(2_000)).await;
+    create(&mut client, "bystander", window(2_000)).await;
+
+    // 2,000 turns offered at once, on their own connection; the replies
+    // are not read until every request has been offered or the transport
+    // pushes back.
+    const TURNS: u64 = 2_000;
+    let requests = tokio_stream::iter((1..=TURNS).map(|i| pb::AdmitStreamRequest {
+        request_id: i,
+        admit: Some(pb::AdmitRequest {
+            session_id: if i == 1 {
+                "flood".into()
+            } else {
+                String::new()
+            },
+            spans: vec![span(
+                Role::Tool,
+                &format!("flood {i}: {}", prose(i, &["flood"], 20)),
+            )],
+        }),
+    }));
+    let mut flooder = daemon.client().await;
+    let mut replies = flooder.admit_stream(requests).await.unwrap().into_inner();
+
+    // Meanwhile the daemon serves everyone else.
+    for n in 0..20 {
+        admit(
+            &mut client,
+            "bystander",
+            vec![span(Role::User, &format!("still here {n}"))],
+        )
+        .await
+        .expect("other sessions are served during the flood");
+    }
+
+    // Every reply, in request order, each admitted once.
+    let mut last_turn = 0;
+    for i in 1..=TURNS {
+        let reply = tokio::time::timeout(Duration::from_secs(60), replies.message())
+            .await
+            .expect("replies keep coming")
+            .expect("the stream stays up")
+            .expect("a reply for every request");
+        assert_eq!(reply.request_id, i);
+        let Some(pb::admit_stream_response::Event::Admitted(a)) = reply.event else {
+            panic!("request {i}: {:?}", reply.event);
+        };
+        assert_eq!(a.turn, last_turn + 1, "turns in order, none twice");
+        last_turn = a.turn;
+    }
+    let flood = session(&mut client, "flood").await;
+    assert_eq!(flood.turns, TURNS);
+}
