@@ -134,8 +134,6 @@ pub struct Change {
     /// refusal, in which case nothing else changes but the record's marker
     /// count.
     pub marker: Option<crate::marker::Marker>,
-    /// The live context after the change, in prompt order.
-    pub spans_after: Vec<crate::span::Span>,
 }
 
 /// A plan's handle: a plan is a pure function of the session's state at a
@@ -294,14 +292,15 @@ struct Totals {
 }
 
 impl Totals {
-    fn of(spans: &[Span]) -> Totals {
+    fn of<'a>(spans: impl IntoIterator<Item = &'a Span>) -> Totals {
         let mut t = Totals {
             live_tokens: 0,
-            live_spans: spans.len() as u64,
+            live_spans: 0,
             pinned_tokens: 0,
             pinned_spans: 0,
         };
         for s in spans {
+            t.live_spans += 1;
             t.live_tokens += u64::from(s.tokens);
             if s.is_pinned() {
                 t.pinned_tokens += u64::from(s.tokens);
@@ -347,13 +346,29 @@ impl Session {
         }
     }
 
-    /// Adopts a change once the store has acknowledged it. `marker_seq` is
-    /// the global sequence the store gave the change's marker; the session
-    /// keeps only its own count, so it is not needed here.
-    pub fn apply(&mut self, change: Change, marker_seq: Option<u64>) {
-        let _ = marker_seq;
-        self.record = change.record;
-        self.spans = change.spans_after;
+    /// Adopts a change once the store has acknowledged it, the way the
+    /// store applies it: evicted spans leave, rewritten ones are replaced
+    /// in place, the summary stands at its position, the turn is appended.
+    /// Costs what the change touches, not the size of the live context,
+    /// when nothing is evicted.
+    pub fn apply(&mut self, change: &Change) {
+        self.record = change.record.clone();
+        if !change.evict.is_empty() {
+            let evicted: std::collections::HashSet<SpanId> = change.evict.iter().copied().collect();
+            self.spans.retain(|s| !evicted.contains(&s.id));
+        }
+        for span in &change.replace {
+            if let Some(live) = self.spans.iter_mut().find(|s| s.id == span.id) {
+                *live = span.clone();
+            }
+        }
+        if let Some(summary) = &change.summary {
+            let at = self
+                .spans
+                .partition_point(|s| s.position < summary.position);
+            self.spans.insert(at, summary.clone());
+        }
+        self.spans.extend(change.append.iter().cloned());
     }
 
     /// Admits one turn (DESIGN §4, steps 3–6): gives its spans ids,
@@ -574,7 +589,7 @@ impl Session {
         );
         Ok(self.compaction(
             &plan,
-            post,
+            &post,
             Committing {
                 trigger: CompactionTrigger::Manual,
                 actor: &edits.actor,
@@ -643,9 +658,7 @@ impl Session {
             pinned.original = None;
         }
         pinned.predicate = Some(predicate);
-        let mut spans_after = self.spans.clone();
-        spans_after[at] = pinned.clone();
-        let record = self.content_record(&spans_after, now_ms);
+        let record = self.content_record(self.with_span(at, &pinned), now_ms);
         Ok(Change {
             expected_revision: self.record.revision,
             record,
@@ -654,7 +667,6 @@ impl Session {
             summary: None,
             replace: vec![pinned],
             marker: None,
-            spans_after,
         })
     }
 
@@ -699,11 +711,9 @@ impl Session {
             released.tokens = original.tokens;
             released.original = None;
         }
-        let mut spans_after = self.spans.clone();
-        spans_after[at] = released.clone();
-        let mut record = self.content_record(&spans_after, now_ms);
+        let after = Totals::of(self.with_span(at, &released));
+        let mut record = self.content_record(self.with_span(at, &released), now_ms);
         record.marker_count += 1;
-        let after = Totals::of(&spans_after);
         let config = &self.record.config;
         let marker = Marker {
             seq: 0,
@@ -739,7 +749,6 @@ impl Session {
             summary: None,
             replace: vec![released],
             marker: Some(marker),
-            spans_after,
         })
     }
 
@@ -927,6 +936,14 @@ impl Session {
             && self.record.turns > self.record.last_compaction_turn
     }
 
+    /// The live context with the span at `at` standing as `span`.
+    fn with_span<'a>(&'a self, at: usize, span: &'a Span) -> impl Iterator<Item = &'a Span> {
+        self.spans
+            .iter()
+            .enumerate()
+            .map(move |(i, s)| if i == at { span } else { s })
+    }
+
     fn live_index(&self, span_id: SpanId) -> Result<usize, Rejection> {
         self.spans
             .iter()
@@ -1045,8 +1062,12 @@ impl Session {
     }
 
     /// The record after a change of content or configuration: counters
-    /// recomputed from `spans_after`, revision bumped.
-    fn content_record(&self, spans_after: &[Span], now_ms: u64) -> SessionRecord {
+    /// recomputed from the live context after it, revision bumped.
+    fn content_record<'a>(
+        &self,
+        spans_after: impl IntoIterator<Item = &'a Span>,
+        now_ms: u64,
+    ) -> SessionRecord {
         let mut record = self.record.clone();
         Totals::of(spans_after).write_to(&mut record);
         record.revision += 1;
@@ -1075,7 +1096,7 @@ impl Session {
                 );
                 let mut change = self.compaction(
                     &c.plan,
-                    c.post,
+                    &c.post,
                     Committing {
                         trigger: CompactionTrigger::HardBudget,
                         actor: "",
@@ -1088,9 +1109,7 @@ impl Session {
                 change
             }
             None => {
-                let mut spans_after = self.spans.clone();
-                spans_after.extend(turn.iter().cloned());
-                let mut record = self.content_record(&spans_after, now_ms);
+                let mut record = self.content_record(self.spans.iter().chain(&turn), now_ms);
                 record.turns += 1;
                 record.next_span_id += turn.len() as u64;
                 record.last_admit_ms = now_ms;
@@ -1103,7 +1122,6 @@ impl Session {
                     summary: None,
                     replace: Vec::new(),
                     marker: None,
-                    spans_after,
                 }
             }
         }
@@ -1129,7 +1147,7 @@ impl Session {
         }
         Some(self.compaction(
             &plan,
-            post,
+            &post,
             Committing {
                 trigger,
                 actor: "",
@@ -1145,23 +1163,21 @@ impl Session {
     fn compaction(
         &self,
         plan: &Plan,
-        post: Vec<Span>,
+        post: &[Span],
         committing: Committing<'_>,
         now_ms: u64,
     ) -> Change {
         let config = &self.record.config;
-        let compacted = Totals::of(&post);
+        let compacted = Totals::of(post);
         let replace: Vec<Span> = plan
             .compressed
             .iter()
             .filter_map(|f| post.iter().find(|s| s.id == f.span_id).cloned())
             .collect();
         let summary = plan.summary.clone();
-        let mut spans_after = post;
         let turn = committing.turn.unwrap_or_default();
         let admitted = !turn.is_empty() || committing.trigger == CompactionTrigger::HardBudget;
-        spans_after.extend(turn.iter().cloned());
-        let mut record = self.content_record(&spans_after, now_ms);
+        let mut record = self.content_record(post.iter().chain(&turn), now_ms);
         if admitted {
             record.turns += 1;
             record.next_span_id += turn.len() as u64;
@@ -1210,7 +1226,6 @@ impl Session {
             summary,
             replace,
             marker: Some(marker),
-            spans_after,
         }
     }
 
@@ -1274,7 +1289,6 @@ impl Session {
                 summary: None,
                 replace: Vec::new(),
                 marker: Some(marker),
-                spans_after: self.spans.clone(),
             }),
         }
     }

@@ -145,7 +145,7 @@ impl Driver {
                 self.compaction(&change);
             }
         }
-        self.s.apply(change, None);
+        self.s.apply(&change);
         self.check_live();
     }
 

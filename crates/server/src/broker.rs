@@ -97,7 +97,7 @@ pub fn now_ms() -> u64 {
 
 /// The store write that carries a change, with the idempotency keys of
 /// the spans it admits.
-fn write_op(change: Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, ApiError> {
+fn write_op(change: &Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, ApiError> {
     let Change {
         expected_revision,
         record,
@@ -106,8 +106,7 @@ fn write_op(change: Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, ApiE
         summary,
         replace,
         marker,
-        spans_after: _,
-    } = change;
+    } = change.clone();
     Ok(match marker {
         Some(marker) if marker.outcome == Outcome::Aborted => WriteOp::Abort {
             session_id: record.id.clone(),
@@ -183,7 +182,7 @@ impl Broker {
     /// Writes a change and, once the store acknowledges it, applies it to
     /// the session in memory. Cancel-safe: if this future is dropped while
     /// the writer holds the change, the next request reloads from disk.
-    async fn persist(&self, loaded: &mut Loaded, change: Change) -> Result<Option<u64>, ApiError> {
+    async fn persist(&self, loaded: &mut Loaded, change: &Change) -> Result<Option<u64>, ApiError> {
         self.persist_keyed(loaded, change, Vec::new()).await
     }
 
@@ -192,13 +191,13 @@ impl Broker {
     async fn persist_keyed(
         &self,
         loaded: &mut Loaded,
-        change: Change,
+        change: &Change,
         keys: Vec<(String, SpanId)>,
     ) -> Result<Option<u64>, ApiError> {
         loaded.stale = true;
-        let op = write_op(change.clone(), keys)?;
+        let op = write_op(change, keys)?;
         let ack = self.store.write(op).await?;
-        loaded.session.apply(change, ack.marker_seq);
+        loaded.session.apply(change);
         loaded.stale = false;
         Ok(ack.marker_seq)
     }
@@ -217,7 +216,7 @@ impl Broker {
                     Some(CompactionTrigger::Manual) => Refused::Commit,
                     _ => Refused::Turn,
                 };
-                match self.persist(loaded, *abort).await {
+                match self.persist(loaded, &abort).await {
                     Ok(seq) => {
                         let marker_seq = seq.unwrap_or(0);
                         warn!(
@@ -300,7 +299,7 @@ impl Broker {
                     .filter(|(key, _)| !key.is_empty())
                     .map(|(key, span)| (key.clone(), span.id))
                     .collect();
-                let seq = self.persist_keyed(loaded, change.clone(), keyed).await?;
+                let seq = self.persist_keyed(loaded, &change, keyed).await?;
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -846,7 +845,7 @@ impl Broker {
 
     async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
         let id = loaded.session.record.id.clone();
-        match self.persist(loaded, change.clone()).await {
+        match self.persist(loaded, &change).await {
             Ok(seq) => info!(
                 session_id = %id,
                 seq = seq.unwrap_or(0),
