@@ -659,15 +659,7 @@ impl Session {
         }
         pinned.predicate = Some(predicate);
         let record = self.content_record(self.with_span(at, &pinned), now_ms);
-        Ok(Change {
-            expected_revision: self.record.revision,
-            record,
-            append: Vec::new(),
-            evict: Vec::new(),
-            summary: None,
-            replace: vec![pinned],
-            marker: None,
-        })
+        Ok(self.in_place(record, vec![pinned], None))
     }
 
     /// Releases a constraint: it becomes narrative (class source CALLER),
@@ -714,42 +706,21 @@ impl Session {
         let after = Totals::of(self.with_span(at, &released));
         let mut record = self.content_record(self.with_span(at, &released), now_ms);
         record.marker_count += 1;
-        let config = &self.record.config;
         let marker = Marker {
-            seq: 0,
-            session_id: self.record.id.clone(),
-            session_seq: record.marker_count,
-            trigger: CompactionTrigger::Unpin,
-            outcome: Outcome::Committed,
-            tokens_before: t32(live),
             tokens_after: t32(after.live_tokens),
-            incoming_tokens: 0,
-            window_tokens: config.window_tokens,
-            budget_tokens: config.budget_tokens(),
             pinned_tokens: t32(after.pinned_tokens),
-            evicted: Vec::new(),
-            compressed: Vec::new(),
-            summary_span_id: None,
-            summary_generation: 0,
             pinned_retained: t32(after.pinned_spans),
             pinned_total: t32(after.pinned_spans),
-            anchors_carried: 0,
-            anchors_dropped: 0,
-            violations: Vec::new(),
-            at_ms: now_ms,
-            session_revision: record.revision,
-            actor: actor.to_owned(),
             detail: format!("span {span_id} unpinned: {reason}"),
+            ..self.marker(
+                &record,
+                CompactionTrigger::Unpin,
+                Outcome::Committed,
+                actor,
+                now_ms,
+            )
         };
-        Ok(Change {
-            expected_revision: self.record.revision,
-            record,
-            append: Vec::new(),
-            evict: Vec::new(),
-            summary: None,
-            replace: vec![released],
-            marker: Some(marker),
-        })
+        Ok(self.in_place(record, vec![released], Some(marker)))
     }
 
     /// Background pre-compaction (trigger SOFT_WATERMARK, DESIGN §4 step
@@ -934,6 +905,66 @@ impl Session {
         self.record.config.mode == SessionMode::Auto
             && !self.record.approval_required
             && self.record.turns > self.record.last_compaction_turn
+    }
+
+    /// A marker of this session with what every marker records: its
+    /// place in the session's sequence and revision (from `record`, the
+    /// record it is written with), the budget, who and when, and the live
+    /// tokens before; the caller fills in what the operation did.
+    fn marker(
+        &self,
+        record: &SessionRecord,
+        trigger: CompactionTrigger,
+        outcome: Outcome,
+        actor: &str,
+        now_ms: u64,
+    ) -> Marker {
+        let config = &self.record.config;
+        Marker {
+            seq: 0,
+            session_id: self.record.id.clone(),
+            session_seq: record.marker_count,
+            trigger,
+            outcome,
+            tokens_before: t32(self.record.live_tokens),
+            tokens_after: 0,
+            incoming_tokens: 0,
+            window_tokens: config.window_tokens,
+            budget_tokens: config.budget_tokens(),
+            pinned_tokens: 0,
+            evicted: Vec::new(),
+            compressed: Vec::new(),
+            summary_span_id: None,
+            summary_generation: 0,
+            pinned_retained: 0,
+            pinned_total: 0,
+            anchors_carried: 0,
+            anchors_dropped: 0,
+            violations: Vec::new(),
+            at_ms: now_ms,
+            session_revision: record.revision,
+            actor: actor.to_owned(),
+            detail: String::new(),
+        }
+    }
+
+    /// A change that rewrites live spans in place (or nothing, for an
+    /// ABORTED marker): no span comes or goes.
+    fn in_place(
+        &self,
+        record: SessionRecord,
+        replace: Vec<Span>,
+        marker: Option<Marker>,
+    ) -> Change {
+        Change {
+            expected_revision: self.record.revision,
+            record,
+            append: Vec::new(),
+            evict: Vec::new(),
+            summary: None,
+            replace,
+            marker,
+        }
     }
 
     /// The live context with the span at `at` standing as `span`.
@@ -1167,7 +1198,6 @@ impl Session {
         committing: Committing<'_>,
         now_ms: u64,
     ) -> Change {
-        let config = &self.record.config;
         let compacted = Totals::of(post);
         let replace: Vec<Span> = plan
             .compressed
@@ -1193,16 +1223,8 @@ impl Session {
         record.last_compaction_ms = now_ms;
         let pinned_total = self.spans.iter().filter(|s| s.is_pinned()).count() as u64;
         let marker = Marker {
-            seq: 0,
-            session_id: self.record.id.clone(),
-            session_seq: record.marker_count,
-            trigger: committing.trigger,
-            outcome: Outcome::Committed,
-            tokens_before: t32(self.spans.iter().map(|s| u64::from(s.tokens)).sum()),
             tokens_after: t32(compacted.live_tokens),
             incoming_tokens: t32(plan.incoming_tokens),
-            window_tokens: config.window_tokens,
-            budget_tokens: config.budget_tokens(),
             pinned_tokens: t32(compacted.pinned_tokens),
             evicted: plan.evicted.iter().map(|e| e.span_id).collect(),
             compressed: plan.compressed.iter().map(|f| f.span_id).collect(),
@@ -1212,11 +1234,14 @@ impl Session {
             pinned_total: t32(pinned_total),
             anchors_carried: plan.anchors_carried,
             anchors_dropped: plan.anchors_dropped,
-            violations: Vec::new(),
-            at_ms: now_ms,
-            session_revision: record.revision,
-            actor: committing.actor.to_owned(),
             detail: committing.detail,
+            ..self.marker(
+                &record,
+                committing.trigger,
+                Outcome::Committed,
+                committing.actor,
+                now_ms,
+            )
         };
         Change {
             expected_revision: self.record.revision,
@@ -1239,35 +1264,17 @@ impl Session {
         actor: &str,
         now_ms: u64,
     ) -> Rejection {
-        let config = &self.record.config;
         let mut record = self.record.clone();
         record.marker_count += 1;
         let live = Totals::of(&self.spans);
         let kinds: Vec<String> = violations.iter().map(|v| format!("{:?}", v.kind)).collect();
         let marker = Marker {
-            seq: 0,
-            session_id: self.record.id.clone(),
-            session_seq: record.marker_count,
-            trigger,
-            outcome: Outcome::Aborted,
-            tokens_before: t32(live.live_tokens),
             tokens_after: t32(live.live_tokens),
             incoming_tokens: t32(sizes.incoming),
-            window_tokens: config.window_tokens,
-            budget_tokens: config.budget_tokens(),
             pinned_tokens: t32(sizes.pinned),
-            evicted: Vec::new(),
-            compressed: Vec::new(),
-            summary_span_id: None,
-            summary_generation: 0,
             pinned_retained: t32(live.pinned_spans),
             pinned_total: t32(live.pinned_spans),
-            anchors_carried: 0,
-            anchors_dropped: 0,
             violations: violations.clone(),
-            at_ms: now_ms,
-            session_revision: self.record.revision,
-            actor: actor.to_owned(),
             detail: format!(
                 "compaction aborted ({}): live {} + incoming {} tokens, pinned {}, budget {}, window {}",
                 kinds.join(", "),
@@ -1277,19 +1284,12 @@ impl Session {
                 sizes.budget,
                 sizes.window
             ),
+            ..self.marker(&record, trigger, Outcome::Aborted, actor, now_ms)
         };
         Rejection::Escalation {
             sizes,
             violations,
-            abort: Box::new(Change {
-                expected_revision: self.record.revision,
-                record,
-                append: Vec::new(),
-                evict: Vec::new(),
-                summary: None,
-                replace: Vec::new(),
-                marker: Some(marker),
-            }),
+            abort: Box::new(self.in_place(record, Vec::new(), Some(marker))),
         }
     }
 }
