@@ -251,18 +251,20 @@ impl Broker {
                 planned,
                 current,
             },
-            // An archived span exists but is not live; an id the session
-            // never gave is not found.
-            Rejection::SpanNotLive { span_id } => match self.store.span(&session_id, span_id) {
-                Ok(Some(_)) => ApiError::SpanNotLive {
+            // Every id below the session's next one was given, and a
+            // given span is live or archived: one not live is archived.
+            // An id the session never gave is not found.
+            Rejection::SpanNotLive { span_id }
+                if span_id > 0 && span_id < loaded.session.record.next_span_id =>
+            {
+                ApiError::SpanNotLive {
                     session_id,
                     span_id,
-                },
-                Ok(None) => ApiError::SpanNotFound {
-                    session_id,
-                    span_id,
-                },
-                Err(err) => err.into(),
+                }
+            }
+            Rejection::SpanNotLive { span_id } => ApiError::SpanNotFound {
+                session_id,
+                span_id,
             },
             Rejection::WrongClass { span_id, detail } => ApiError::WrongClass {
                 session_id,
@@ -810,10 +812,9 @@ impl Broker {
             // Never queue behind a request: a busy session is not stale.
             let mut loaded = match self.sessions.try_lock(&self.store, &id) {
                 Ok(Some(loaded)) => loaded,
-                Ok(None) => {
-                    if self.store.session(&id).ok().flatten().is_none() {
-                        self.forget_guarded(&id);
-                    }
+                Ok(None) => continue,
+                Err(ApiError::SessionNotFound(_)) => {
+                    self.forget_guarded(&id);
                     continue;
                 }
                 Err(err) => {

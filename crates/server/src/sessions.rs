@@ -164,8 +164,8 @@ impl Sessions {
 
     /// The session's turn if nobody holds it, loading it when it is not
     /// in memory: for background work, which must never queue behind a
-    /// request. `Ok(None)` when the session is busy, deleted, or gone from
-    /// the store.
+    /// request. `Ok(None)` when the session is busy or being deleted;
+    /// NotFound when the store does not hold it.
     pub fn try_lock(&self, store: &Store, id: &str) -> Result<Option<SessionGuard>, ApiError> {
         let slot = self.slot(id);
         let Ok(mut guard) = slot.clone().try_lock_owned() else {
@@ -177,7 +177,7 @@ impl Sessions {
         if !self.fill(store, id, &mut guard)? {
             drop(guard);
             self.forget(id, &slot);
-            return Ok(None);
+            return Err(ApiError::SessionNotFound(id.to_owned()));
         }
         Ok(OwnedMutexGuard::try_map(guard, Option::as_mut).ok())
     }
