@@ -256,13 +256,6 @@ fn turn_of(id: &str, spans: Vec<pb::SpanInput>) -> Req {
     })
 }
 
-fn keyed(role: Role, text: &str, key: &str) -> pb::SpanInput {
-    pb::SpanInput {
-        idempotency_key: key.into(),
-        ..span(role, text)
-    }
-}
-
 #[tokio::test]
 async fn a_table_of_hostile_requests_gets_documented_statuses_and_writes_nothing() {
     let daemon = Daemon::start_with(&["--max-span-bytes", "4096"]).await;

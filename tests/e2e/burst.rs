@@ -9,15 +9,8 @@ use ctxbroker_proto::v1 as pb;
 use pb::{Role, SpanClass};
 use prost::Message;
 use tonic::Code;
-use tonic_types::StatusExt;
 
 use crate::support::*;
-
-fn error_info(status: &tonic::Status) -> (String, HashMap<String, String>) {
-    let details = status.get_error_details();
-    let info = details.error_info().expect("ErrorInfo details");
-    (info.reason.clone(), info.metadata.clone())
-}
 
 #[tokio::test]
 async fn a_burst_near_the_budget_is_admitted_after_compaction_in_the_same_call() {

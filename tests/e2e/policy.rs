@@ -2,7 +2,6 @@
 //! approval, pin and unpin, the soft watermark, the staleness guard, and
 //! trigger selection.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
@@ -10,17 +9,10 @@ use pb::Role;
 use pb::context_broker_client::ContextBrokerClient;
 use tonic::Code;
 use tonic::transport::Channel;
-use tonic_types::StatusExt;
 
 use crate::support::*;
 
 type Client = ContextBrokerClient<Channel>;
-
-fn error_info(status: &tonic::Status) -> (String, HashMap<String, String>) {
-    let details = status.get_error_details();
-    let info = details.error_info().expect("ErrorInfo details");
-    (info.reason.clone(), info.metadata.clone())
-}
 
 async fn plan(client: &mut Client, id: &str) -> pb::PlanCompactionResponse {
     client

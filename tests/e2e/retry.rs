@@ -12,13 +12,6 @@ use tonic_types::StatusExt;
 
 use crate::support::*;
 
-fn keyed(role: Role, text: &str, key: &str) -> pb::SpanInput {
-    pb::SpanInput {
-        idempotency_key: key.into(),
-        ..span(role, text)
-    }
-}
-
 /// The field a refusal names, and its description.
 fn violation(status: &tonic::Status) -> (String, String) {
     let details = status.get_error_details();

@@ -377,3 +377,19 @@ pub fn now_unix_s() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
 }
+
+/// A span carrying an idempotency key.
+pub fn keyed(role: pb::Role, text: &str, key: &str) -> pb::SpanInput {
+    pb::SpanInput {
+        idempotency_key: key.into(),
+        ..span(role, text)
+    }
+}
+
+/// The reason and metadata of a status's ErrorInfo details.
+pub fn error_info(status: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
+    use tonic_types::StatusExt;
+    let details = status.get_error_details();
+    let info = details.error_info().expect("ErrorInfo details");
+    (info.reason.clone(), info.metadata.clone())
+}
