@@ -539,10 +539,7 @@ impl Broker {
         keys: &[String],
     ) -> Result<Option<Admitted>, ApiError> {
         let id = loaded.session.record.id.as_str();
-        let mut found = Vec::with_capacity(keys.len());
-        for key in keys {
-            found.push(self.store.span_by_key(id, key)?);
-        }
+        let found = self.store.spans_by_keys(id, keys)?;
         if found.iter().all(Option::is_none) {
             return Ok(None);
         }

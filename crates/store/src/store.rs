@@ -209,6 +209,11 @@ impl Store {
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;
+        self.read_span(session, span_id)
+    }
+
+    /// [`Store::span`] without the checks, under the caller's snapshot.
+    fn read_span(&self, session: &str, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
         let trees = &self.inner.trees;
         let key = keys::session_number_key(session, span_id);
         if let Some(value) = trees.archive.get(&key).map_err(StoreError::engine)? {
@@ -240,35 +245,44 @@ impl Store {
         Ok(None)
     }
 
-    /// The span a caller's idempotency key admitted, live or archived;
-    /// `None` when the session never admitted that key.
-    pub fn span_by_key(&self, session: &str, key: &str) -> Result<Option<StoredSpan>, StoreError> {
+    /// The spans a caller's idempotency keys admitted, live or archived,
+    /// one answer per key (`None` for a key the session never admitted),
+    /// read as of one moment.
+    pub fn spans_by_keys(
+        &self,
+        session: &str,
+        idempotency_keys: &[String],
+    ) -> Result<Vec<Option<StoredSpan>>, StoreError> {
         keys::check_session_id(session)?;
-        let stored_key = keys::session_text_key(session, key);
-        let span_id = {
-            let _snapshot = self.snapshot();
-            self.require_session(session)?;
-            match self
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let mut out = Vec::with_capacity(idempotency_keys.len());
+        for key in idempotency_keys {
+            let stored_key = keys::session_text_key(session, key);
+            let Some(value) = self
                 .inner
                 .trees
                 .keys
                 .get(&stored_key)
                 .map_err(StoreError::engine)?
-            {
-                Some(value) => record::decode_key(&stored_key, &value)?,
-                None => return Ok(None),
+            else {
+                out.push(None);
+                continue;
+            };
+            let span_id = record::decode_key(&stored_key, &value)?;
+            // A key is never rewritten, only deleted with its session.
+            match self.read_span(session, span_id)? {
+                Some(span) => out.push(Some(span)),
+                None => {
+                    return Err(record::corrupt(
+                        TreeId::Keys,
+                        &stored_key,
+                        format!("names span {span_id}, which the session does not hold"),
+                    ));
+                }
             }
-        };
-        // A key is never rewritten, only deleted with its session: the
-        // span it names is read like any other.
-        match self.span(session, span_id)? {
-            Some(span) => Ok(Some(span)),
-            None => Err(record::corrupt(
-                TreeId::Keys,
-                &stored_key,
-                format!("names span {span_id}, which the session does not hold"),
-            )),
         }
+        Ok(out)
     }
 
     /// A session's pin set: its live constraints and their predicates, in
