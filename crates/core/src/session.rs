@@ -281,6 +281,8 @@ pub struct PlanOutcome {
     pub plan: Plan,
     /// The independent verifier's verdict on it.
     pub verdict: Verdict,
+    /// The ids of the live context after the plan, in prompt order.
+    pub kept: Vec<SpanId>,
 }
 
 /// The live context's totals, which a record keeps up to date.
@@ -477,6 +479,7 @@ impl Session {
             plan_id,
             plan,
             verdict,
+            kept: post.iter().map(|s| s.id).collect(),
         }
     }
 

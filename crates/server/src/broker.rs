@@ -17,7 +17,7 @@ use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
 use ctxbroker_core::span::{
-    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
+    ClassSource, Classification, Predicate, PredicateSource, Role, SpanClass,
 };
 use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
 use ctxbroker_proto::v1 as pb;
@@ -592,17 +592,13 @@ impl Broker {
         id: &str,
         incoming_tokens: u64,
         target_tokens: Option<u64>,
-    ) -> Result<(SessionRecord, PlanOutcome, Vec<SpanId>), ApiError> {
+    ) -> Result<(SessionRecord, PlanOutcome), ApiError> {
         let loaded = self.sessions.lock(&self.store, id).await?;
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
         let outcome = loaded
             .session
             .plan(incoming_tokens, target_tokens, now_ms(), counter);
-        let kept = ctxbroker_core::planner::apply(&loaded.session.spans, &outcome.plan)
-            .iter()
-            .map(|s| s.id)
-            .collect();
-        Ok((loaded.session.record.clone(), outcome, kept))
+        Ok((loaded.session.record.clone(), outcome))
     }
 
     /// Commits a plan with the caller's edits.
@@ -629,31 +625,27 @@ impl Broker {
         &self,
         id: &str,
         span_id: SpanId,
-        modality: Option<Modality>,
-        required_terms: Vec<String>,
+        predicate: pb::Predicate,
     ) -> Result<Committed, ApiError> {
+        // The service has checked the modality is a known value.
+        let modality = pb::Modality::try_from(predicate.modality)
+            .ok()
+            .and_then(convert::modality_from_pb);
         let mut loaded = self.sessions.lock(&self.store, id).await?;
+        // The terms are checked against the text the span was admitted in
+        // (a span not live is refused by the session below).
         if let Some(span) = loaded.session.spans.iter().find(|s| s.id == span_id) {
             let text = span
                 .original
                 .as_ref()
                 .map_or(span.text.as_str(), |o| o.text.as_str());
             let mut bad = Vec::new();
-            validate::predicate_shape(
-                "predicate",
-                &pb::Predicate {
-                    modality: modality.map_or(0, |m| convert::modality_to_pb(m) as i32),
-                    required_terms: required_terms.clone(),
-                    source: 0,
-                },
-                text,
-                &mut bad,
-            );
+            validate::predicate_shape("predicate", &predicate, text, &mut bad);
             validate::finish(bad)?;
         }
         let outcome = loaded
             .session
-            .pin(span_id, modality, required_terms, now_ms());
+            .pin(span_id, modality, predicate.required_terms, now_ms());
         let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
         info!(session_id = id, span_id, "span pinned");
         Ok(self.committed(&loaded, change, seq, "span pinned"))

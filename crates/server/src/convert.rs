@@ -326,9 +326,8 @@ pub fn verdict_to_pb(verdict: &Verdict) -> pb::Verification {
     }
 }
 
-/// The wire form of a plan; `kept` is the live context after it, in
-/// prompt order.
-pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64, kept: Vec<u64>) -> pb::CompactionPlan {
+/// The wire form of a plan, with the ids it keeps in prompt order.
+pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64) -> pb::CompactionPlan {
     let plan = &outcome.plan;
     pb::CompactionPlan {
         plan_id: outcome.plan_id.to_string(),
@@ -346,7 +345,7 @@ pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64, kept: Vec<u64>) -> pb::C
                 tokens: e.tokens,
             })
             .collect(),
-        kept_span_ids: kept,
+        kept_span_ids: outcome.kept.clone(),
         compressed: plan
             .compressed
             .iter()

@@ -415,7 +415,7 @@ impl ContextBroker for BrokerService {
     ) -> Result<Response<pb::PlanCompactionResponse>, Status> {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
-        let (record, outcome, kept) = self
+        let (record, outcome) = self
             .broker
             .plan(
                 &req.session_id,
@@ -424,7 +424,7 @@ impl ContextBroker for BrokerService {
             )
             .await?;
         Ok(Response::new(pb::PlanCompactionResponse {
-            plan: Some(convert::plan_to_pb(&outcome, record.revision, kept)),
+            plan: Some(convert::plan_to_pb(&outcome, record.revision)),
             verification: Some(convert::verdict_to_pb(&outcome.verdict)),
         }))
     }
@@ -503,24 +503,16 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let predicate = req.predicate.unwrap_or_default();
-        let modality = match pb::Modality::try_from(predicate.modality) {
-            Ok(m) => convert::modality_from_pb(m),
-            Err(_) => {
-                return Err(validate::single(BadField::new(
-                    "predicate.modality",
-                    format!("unknown enum value {}", predicate.modality),
-                ))
-                .into());
-            }
-        };
+        if pb::Modality::try_from(predicate.modality).is_err() {
+            return Err(validate::single(BadField::new(
+                "predicate.modality",
+                format!("unknown enum value {}", predicate.modality),
+            ))
+            .into());
+        }
         let committed = self
             .broker
-            .pin(
-                &req.session_id,
-                req.span_id,
-                modality,
-                predicate.required_terms,
-            )
+            .pin(&req.session_id, req.span_id, predicate)
             .await?;
         Ok(Response::new(pb::PinResponse {
             span: committed
