@@ -301,33 +301,20 @@ impl Writer {
         }
         shared.transactions.fetch_add(1, Ordering::Relaxed);
         self.epoch = epoch;
-        if crate::fault("store::after_transaction") {
-            // Applied, so the state moved on: the writer's counters follow
-            // it, and the callers get an error, never an acknowledgement
-            // the flush has not earned.
-            self.next_seq = next_seq;
-            self.oldest_seq = oldest;
-            self.sessions = sessions;
-            shared.sessions.store(sessions, Ordering::Relaxed);
-            let err = StoreError::Io("injected fault after the transaction".into());
-            for (ack, _) in accepted {
-                let _ = ack.send(Err(err.clone()));
-            }
-            let _ = self.flusher.send(Applied {
-                acks: Vec::new(),
-                epoch,
-                markers,
-                bounds: MarkerBounds {
-                    oldest,
-                    next: next_seq,
-                },
-            });
-            return;
-        }
         self.next_seq = next_seq;
         self.oldest_seq = oldest;
         self.sessions = sessions;
         shared.sessions.store(sessions, Ordering::Relaxed);
+        let mut accepted = accepted;
+        if crate::fault("store::after_transaction") {
+            // Applied, so the state moved on and the flusher still covers
+            // the batch; the callers get an error, never an
+            // acknowledgement the flush has not earned.
+            let err = StoreError::Io("injected fault after the transaction".into());
+            for (ack, _) in accepted.drain(..) {
+                let _ = ack.send(Err(err.clone()));
+            }
+        }
         let handed = self.flusher.send(Applied {
             acks: accepted,
             epoch,
