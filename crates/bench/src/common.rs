@@ -1,0 +1,71 @@
+//! What the measurements share: an in-process daemon on a loopback port,
+//! clients, argument parsing and percentiles.
+
+use std::time::Duration;
+
+use ctxbroker_proto::v1 as pb;
+use ctxbroker_server::{BuildInfo, Settings};
+use pb::context_broker_client::ContextBrokerClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// A generated client on one channel.
+pub type Client = ContextBrokerClient<Channel>;
+/// Any failure of a measurement run.
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// The positional argument at `index`, parsed, or `default` when absent.
+pub fn parse(args: &[String], index: usize, default: usize) -> Result<usize, Failure> {
+    Ok(match args.get(index) {
+        Some(text) => text.parse()?,
+        None => default,
+    })
+}
+
+/// A daemon served in this process on a loopback port, with its data in
+/// a temporary directory that goes with it.
+#[derive(Debug)]
+pub struct Daemon {
+    /// Where it serves.
+    pub addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a daemon with default settings in this process.
+pub async fn daemon() -> Result<Daemon, Failure> {
+    let dir = tempfile::tempdir()?;
+    let settings = Settings {
+        data_dir: dir.path().join("data"),
+        ..Settings::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let build = BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        git_commit: "bench",
+        contract_digest: "bench",
+    };
+    tokio::spawn(async move {
+        let never = std::future::pending::<()>();
+        if let Err(err) = ctxbroker_server::run(settings, listener, build, never).await {
+            eprintln!("the daemon stopped: {err}");
+        }
+    });
+    Ok(Daemon { addr, _dir: dir })
+}
+
+/// A client on its own connection to `addr`.
+pub async fn client(addr: std::net::SocketAddr) -> Result<Client, Failure> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
+    Ok(ContextBrokerClient::new(channel))
+}
+
+/// The `p` quantile (0..=1) of sorted durations; zero when empty.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let at = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[at.min(sorted.len() - 1)]
+}

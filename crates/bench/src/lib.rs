@@ -1,0 +1,7 @@
+//! `ctxbroker-bench`: ctxbroker's measurements, each compared with a
+//! baseline measured in the same run (the machine is shared; only same-run
+//! ratios mean much). Every subcommand of the binary is a function here,
+//! so the smoke tests run the same code on small inputs.
+
+pub mod common;
+pub mod watch;
