@@ -15,10 +15,10 @@
 
 use crate::config::SessionConfig;
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
-use crate::planner::{PlanInput, apply, compressed_pinned_tokens, plan};
+use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan};
 use crate::span::{Span, SpanId};
 use crate::tokens::TokenCounter;
-use crate::verify::verify;
+use crate::verify::verify_refs;
 
 /// What an admission needs to know.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +75,40 @@ pub struct Refusal {
 /// Decides whether the incoming turn fits, needs a compaction, or must be
 /// refused. Relevance is weighted as `input.config.relevance` says.
 pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
+    let decided = decide_with(input, counter, |plan, post, verdict| Compaction {
+        plan,
+        post: post.iter().map(|&s| s.clone()).collect(),
+        verdict,
+    });
+    match decided {
+        Decided::Fits => Decision::Fits,
+        Decided::Compact(c) => Decision::Compact(c),
+        Decided::Refuse(r) => Decision::Refuse(r),
+    }
+}
+
+/// A [`Decision`] whose compaction is whatever the caller made of it.
+// Made once per admission and matched at once: boxing the refusal would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Decided<T> {
+    /// The turn fits as it is.
+    Fits,
+    /// What `compact` made of the verified plan.
+    Compact(T),
+    /// The turn cannot be admitted.
+    Refuse(Refusal),
+}
+
+/// [`decide`], handing a verified compaction to `compact` with the
+/// post-state as references (the kept spans where they stand in
+/// `input.live`), so that a caller that needs no copy of the live context
+/// makes none.
+pub(crate) fn decide_with<T>(
+    input: &AdmissionInput<'_>,
+    counter: &dyn TokenCounter,
+    compact: impl FnOnce(Plan, &[&Span], Verdict) -> T,
+) -> Decided<T> {
     let config = input.config;
     let total = |spans: &[Span], pinned_only: bool| -> u64 {
         spans
@@ -96,7 +130,7 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
         window: u64::from(config.window_tokens),
     };
     if live + incoming <= budget {
-        return Decision::Fits;
+        return Decided::Fits;
     }
     // The least the live constraints can be brought to; only computed
     // when they do not leave room as they stand.
@@ -145,16 +179,13 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
         target_tokens: None,
     };
     let plan = plan(&plan_input, counter);
-    let post = apply(input.live, &plan);
-    let verdict = verify(input.live, &plan, &post, incoming, config, counter);
+    let made = made_spans(input.live, &plan);
+    let post = apply_refs(input.live, &plan, &made);
+    let verdict = verify_refs(input.live, &plan, &post, incoming, config, counter);
     if verdict.passed() {
-        Decision::Compact(Compaction {
-            plan,
-            post,
-            verdict,
-        })
+        Decided::Compact(compact(plan, &post, verdict))
     } else {
-        Decision::Refuse(Refusal {
+        Decided::Refuse(Refusal {
             sizes,
             violations: verdict.violations,
             plan: Some(plan),
@@ -162,8 +193,8 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
     }
 }
 
-fn refuse(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision {
-    Decision::Refuse(Refusal {
+fn refuse<T>(sizes: Sizes, kind: ViolationKind, detail: String) -> Decided<T> {
+    Decided::Refuse(Refusal {
         sizes,
         violations: vec![Violation {
             kind,

@@ -47,9 +47,8 @@
 //! Compression, when needed, costs one pass of the compressor over each
 //! constraint and one sort.
 
-use std::collections::{HashMap, HashSet};
-
 use crate::config::SessionConfig;
+use crate::fasthash::{self, FastMap, FastSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
 use crate::relevance::score;
@@ -411,19 +410,64 @@ pub fn write_summary(
 /// substituted (each keeping the form it was first admitted in), the
 /// summary inserted at its position, in prompt order.
 pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
-    let evicted: HashSet<SpanId> = plan.evicted.iter().map(|e| e.span_id).collect();
-    let compressed: HashMap<SpanId, _> = plan.compressed.iter().map(|c| (c.span_id, c)).collect();
-    let mut post: Vec<Span> = pre
-        .iter()
-        .filter(|s| !evicted.contains(&s.id))
-        .map(|s| match compressed.get(&s.id) {
-            Some(form) => compressed_span(s, &form.text, form.tokens),
-            None => s.clone(),
-        })
-        .collect();
-    if let Some(summary) = &plan.summary {
-        post.push(summary.clone());
+    let made = made_spans(pre, plan);
+    apply_refs(pre, plan, &made).into_iter().cloned().collect()
+}
+
+/// The spans a plan writes: each compressed constraint it keeps, in its
+/// new form and in prompt order, then the summary. [`apply_refs`] takes
+/// them from here.
+pub(crate) fn made_spans(pre: &[Span], plan: &Plan) -> Vec<Span> {
+    let mut made = Vec::with_capacity(plan.compressed.len() + 1);
+    if !plan.compressed.is_empty() {
+        let compressed: FastMap<SpanId, &CompressedForm> = {
+            let mut m = fasthash::map(plan.compressed.len());
+            m.extend(plan.compressed.iter().map(|c| (c.span_id, c)));
+            m
+        };
+        let mut evicted: FastSet<SpanId> = fasthash::set(plan.evicted.len());
+        evicted.extend(plan.evicted.iter().map(|e| e.span_id));
+        // In the order of pre, as `apply_refs` meets them; the last form
+        // given for a span wins, as a map built from the list keeps it.
+        for s in pre.iter().filter(|s| !evicted.contains(&s.id)) {
+            if let Some(form) = compressed.get(&s.id) {
+                made.push(compressed_span(s, &form.text, form.tokens));
+            }
+        }
     }
+    made.extend(plan.summary.iter().cloned());
+    made
+}
+
+/// [`apply`] without copying the spans it keeps: the post-state as
+/// references into `pre` and into `made` (from [`made_spans`] of the same
+/// `pre` and `plan`), in the same order as [`apply`] returns them.
+pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> Vec<&'a Span> {
+    let mut evicted: FastSet<SpanId> = fasthash::set(plan.evicted.len());
+    evicted.extend(plan.evicted.iter().map(|e| e.span_id));
+    let summary = plan.summary.as_ref().and(made.last());
+    let mut forms = made[..made.len() - usize::from(summary.is_some())].iter();
+    let mut post: Vec<&Span> = Vec::with_capacity(pre.len() + 1);
+    let compressing = !plan.compressed.is_empty();
+    for s in pre {
+        if !evicted.is_empty() && evicted.contains(&s.id) {
+            continue;
+        }
+        if compressing
+            && forms.as_slice().first().is_some_and(|f| f.id == s.id)
+            && let Some(form) = forms.next()
+        {
+            post.push(form);
+            continue;
+        }
+        post.push(s);
+    }
+    if let Some(summary) = summary {
+        post.push(summary);
+    }
+    // Stable, as `apply` has always sorted: spans sharing a position keep
+    // the order of pre. Already in order but for the summary, which costs
+    // one pass.
     post.sort_by_key(|s| s.position);
     post
 }
@@ -655,5 +699,97 @@ mod tests {
         assert_eq!(post[0].text, "Never write prod namespace.");
         assert_eq!(post[0].tokens, 27);
         assert_eq!(post[0].predicate, live[0].predicate);
+    }
+
+    /// `apply` as first written: a copy of every kept span, the forms
+    /// looked up in a map, one stable sort by position.
+    fn plain_apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
+        let evicted: std::collections::HashSet<SpanId> =
+            plan.evicted.iter().map(|e| e.span_id).collect();
+        let compressed: std::collections::HashMap<SpanId, _> =
+            plan.compressed.iter().map(|c| (c.span_id, c)).collect();
+        let mut post: Vec<Span> = pre
+            .iter()
+            .filter(|s| !evicted.contains(&s.id))
+            .map(|s| match compressed.get(&s.id) {
+                Some(form) => compressed_span(s, &form.text, form.tokens),
+                None => s.clone(),
+            })
+            .collect();
+        if let Some(summary) = &plan.summary {
+            post.push(summary.clone());
+        }
+        post.sort_by_key(|s| s.position);
+        post
+    }
+
+    #[test]
+    fn apply_without_copies_keeps_the_plain_result() {
+        let mut live: Vec<Span> = (1..=12).map(|id| filler(id, id, 5)).collect();
+        for id in [2, 5, 9] {
+            live[id - 1] = span(
+                id as u64,
+                id as u64,
+                Role::User,
+                "Never touch the prod namespace.",
+            );
+        }
+        // A summary standing first with a higher id, and a duplicate id
+        // and position, as only a corrupt context would have.
+        live[0].id = 40;
+        live[11].id = 11;
+        live[11].position = 11;
+        let form = |id: u64, text: &str| CompressedForm {
+            span_id: id,
+            text: text.into(),
+            tokens: text.len() as u32,
+        };
+        let eviction = |id: u64| Eviction {
+            span_id: id,
+            relevance: 0.1,
+            reason: EvictionReason::Budget,
+            tokens: 1,
+        };
+        let mut summary = filler(50, 13, 1);
+        summary.position = 3;
+        let plans = [
+            Plan {
+                evicted: vec![eviction(3), eviction(4), eviction(9)],
+                summary: Some(summary.clone()),
+                compressed: vec![form(5, "Never touch prod."), form(2, "Never prod.")],
+                tokens_before: 0,
+                tokens_after: 0,
+                incoming_tokens: 0,
+                target_tokens: 0,
+                anchors_carried: 0,
+                anchors_dropped: 0,
+            },
+            Plan {
+                // A form for an evicted span and two forms for one span.
+                evicted: vec![eviction(3), eviction(5)],
+                summary: Some(summary),
+                compressed: vec![form(5, "Never."), form(9, "No prod."), form(9, "No.")],
+                tokens_before: 0,
+                tokens_after: 0,
+                incoming_tokens: 0,
+                target_tokens: 0,
+                anchors_carried: 0,
+                anchors_dropped: 0,
+            },
+            Plan {
+                evicted: vec![],
+                summary: None,
+                compressed: vec![form(11, "Eleven.")],
+                tokens_before: 0,
+                tokens_after: 0,
+                incoming_tokens: 0,
+                target_tokens: 0,
+                anchors_carried: 0,
+                anchors_dropped: 0,
+            },
+        ];
+        for p in &plans {
+            assert_eq!(apply(&live, p), plain_apply(&live, p), "{p:?}");
+        }
     }
 }

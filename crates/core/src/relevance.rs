@@ -27,7 +27,7 @@
 //! text is scanned once and only the query's words are looked up, so the
 //! cost is linear in the total text.
 
-use crate::fasthash::{self, FastMap};
+use crate::fasthash::{self, FastSet};
 use crate::span::Span;
 
 /// Lengths at or above this many tokens get the full length term.
@@ -142,10 +142,10 @@ fn sane(w: f64) -> f64 {
     if w.is_finite() && w > 0.0 { w } else { 0.0 }
 }
 
-/// Calls `f` with each word of `text` (a slice of it, in its own case) and
-/// whether the word is all ASCII. Bytes are scanned directly; only non-ASCII
-/// characters are decoded.
-fn for_each_word(text: &str, mut f: impl FnMut(&str, bool)) {
+/// Calls `f` with the byte range of each word of `text` (in its own case)
+/// and whether the word is all ASCII. Bytes are scanned directly; only
+/// non-ASCII characters are decoded.
+fn for_each_word(text: &str, mut f: impl FnMut(usize, usize, bool)) {
     let b = text.as_bytes();
     let mut i = 0;
     while i < b.len() {
@@ -173,8 +173,80 @@ fn for_each_word(text: &str, mut f: impl FnMut(&str, bool)) {
             }
             break;
         }
-        f(&text[start..i], ascii);
+        f(start, i, ascii);
     }
+}
+
+/// [`for_each_word`] for a text known to be ASCII: nothing to decode,
+/// every word is ASCII. The text is read 64 bytes at a time into a mask of
+/// its word bytes, and words are found where the mask changes.
+fn for_each_ascii_word(b: &[u8], mut f: impl FnMut(&[u8])) {
+    // The start of the word that runs into the current block.
+    let mut open: Option<usize> = None;
+    // Whether the byte before the block belongs to a word.
+    let mut carry = 0u64;
+    for (k, block) in b.chunks(64).enumerate() {
+        let base = k * 64;
+        let m = word_mask(block);
+        let before = (m << 1) | carry;
+        let mut starts = m & !before;
+        // A byte outside words right after a word byte: the word ends
+        // there (past the text's end, the mask is clear).
+        let mut ends = !m & before;
+        carry = m >> 63;
+        while starts | ends != 0 {
+            let at = (starts | ends).trailing_zeros();
+            let bit = 1u64 << at;
+            let at = base + at as usize;
+            if ends & bit != 0 {
+                ends &= !bit;
+                if let Some(start) = open.take() {
+                    f(&b[start..at.min(b.len())]);
+                }
+            } else {
+                starts &= !bit;
+                open = Some(at);
+            }
+        }
+    }
+    if let Some(start) = open {
+        f(&b[start..]);
+    }
+}
+
+/// One bit per byte of an ASCII block of at most 64 bytes, set where the
+/// byte belongs to a word.
+fn word_mask(block: &[u8]) -> u64 {
+    let mut m = 0u64;
+    for (c, chunk) in block.chunks(8).enumerate() {
+        let x = if chunk.len() == 8 {
+            load64(chunk, 0)
+        } else {
+            let mut a = [0u8; 8];
+            a[..chunk.len()].copy_from_slice(chunk);
+            u64::from_le_bytes(a)
+        };
+        m |= word_bits8(x) << (8 * c);
+    }
+    m
+}
+
+/// Bit `k` set where byte `k` of eight ASCII bytes is a letter, a digit
+/// or `_` (zero bytes are not).
+fn word_bits8(x: u64) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // Bit 7 of each byte: at least `lo` and at most `hi`. No sum carries
+    // into the next byte, as every byte is below 0x80.
+    let in_range = |v: u64, lo: u8, hi: u8| {
+        (v + ONES * u64::from(0x80 - lo)) & !(v + ONES * u64::from(0x7f - hi)) & HIGH
+    };
+    let letter = in_range(x | (ONES * 0x20), b'a', b'z');
+    let digit = in_range(x, b'0', b'9');
+    let t = x ^ (ONES * u64::from(b'_'));
+    let underscore = !(t + ONES * 0x7f) & HIGH;
+    // Gather bit 7 of byte k into bit k.
+    (((letter | digit | underscore) >> 7).wrapping_mul(0x0102_0408_1020_4080)) >> 56
 }
 
 /// ASCII bytes that belong to words: letters, digits, `_`.
@@ -221,60 +293,210 @@ fn counts(word: &str) -> bool {
     word.len() >= 2 && !IGNORED.contains(&word)
 }
 
+/// The query's distinct terms, looked up by a hash of a word's length and
+/// its first and last eight bytes (ASCII letters folded to lower case), so
+/// that a span's word is hashed in constant time without being copied or
+/// lower-cased first, and most words are rejected by one probe.
+struct Terms {
+    /// The terms, lower-cased, in order of first appearance.
+    words: Vec<String>,
+    /// Per first byte, a bit per length (63 for 63 and more) that some
+    /// term has: rules out most words before they are hashed.
+    shapes: [u64; 256],
+    /// Open addressing: (tag, term index + 1), 0 for an empty slot.
+    slots: Vec<(u32, u32)>,
+    mask: usize,
+}
+
+impl Terms {
+    fn new(words: Vec<String>) -> Terms {
+        let size = (words.len() * 4).next_power_of_two().max(16);
+        let mut terms = Terms {
+            slots: vec![(0, 0); size],
+            mask: size - 1,
+            words: Vec::new(),
+            shapes: [0; 256],
+        };
+        for (i, w) in words.iter().enumerate() {
+            if let Some(&first) = w.as_bytes().first() {
+                // Under both cases of an ASCII letter, so that a word is
+                // looked up by its first byte as it stands.
+                let bit = 1 << w.len().min(63);
+                terms.shapes[usize::from(first)] |= bit;
+                terms.shapes[usize::from(first.to_ascii_uppercase())] |= bit;
+            }
+            let h = word_hash(w.as_bytes());
+            let mut at = (h as usize) & terms.mask;
+            while terms.slots[at].1 != 0 {
+                at = (at + 1) & terms.mask;
+            }
+            terms.slots[at] = ((h >> 32) as u32, i as u32 + 1);
+        }
+        terms.words = words;
+        terms
+    }
+
+    /// The index of the term equal to `word` once lower-cased: ASCII
+    /// case is folded in the comparison when `fold` is set (the word is
+    /// ASCII and not lower-cased yet), otherwise bytes compare exactly.
+    #[inline(always)]
+    fn find(&self, word: &[u8], fold: bool) -> Option<u32> {
+        let first = usize::from(*word.first()?);
+        if self.shapes[first] & (1 << word.len().min(63)) == 0 {
+            return None;
+        }
+        self.probe(word, fold)
+    }
+
+    /// [`Terms::find`] past the shape filter.
+    #[inline(never)]
+    fn probe(&self, word: &[u8], fold: bool) -> Option<u32> {
+        let h = word_hash(word);
+        let tag = (h >> 32) as u32;
+        let mut at = (h as usize) & self.mask;
+        loop {
+            let (t, i) = self.slots[at];
+            if i == 0 {
+                return None;
+            }
+            if t == tag {
+                let term = self.words[i as usize - 1].as_bytes();
+                let equal = if fold {
+                    folds_to(word, term)
+                } else {
+                    term == word
+                };
+                if equal {
+                    return Some(i - 1);
+                }
+            }
+            at = (at + 1) & self.mask;
+        }
+    }
+}
+
+/// Whether the ASCII `word`, with its capitals lower-cased, is `term`.
+fn folds_to(word: &[u8], term: &[u8]) -> bool {
+    if word.len() != term.len() {
+        return false;
+    }
+    let n = word.len();
+    if (4..=16).contains(&n) {
+        // Two overlapping loads from each end cover every byte.
+        let (a, b) = if n >= 8 { (0, n - 8) } else { (0, n - 4) };
+        let load = |s: &[u8], at: usize| {
+            if n >= 8 { load64(s, at) } else { load32(s, at) }
+        };
+        lower_ascii(load(word, a)) == load(term, a) && lower_ascii(load(word, b)) == load(term, b)
+    } else {
+        word.eq_ignore_ascii_case(term)
+    }
+}
+
+/// ASCII capitals lower-cased in eight bytes that are all ASCII.
+fn lower_ascii(x: u64) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // Bit 7 of a byte is set when the byte is at least b'A', and, in the
+    // second sum, when it is above b'Z'; no sum carries into the next byte
+    // as every byte is below 0x80.
+    let at_least_a = x + ONES * (0x80 - u64::from(b'A'));
+    let above_z = x + ONES * (0x7f - u64::from(b'Z'));
+    let upper = at_least_a & !above_z & HIGH;
+    x | (upper >> 2)
+}
+
+/// Eight bytes from `at` as a little-endian word.
+fn load64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| <[u8; 8]>::try_from(s).ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// Four bytes from `at` as a little-endian word.
+fn load32(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 4)
+        .and_then(|s| <[u8; 4]>::try_from(s).ok())
+        .map_or(0, |a| u64::from(u32::from_le_bytes(a)))
+}
+
+/// A hash of a word's length and bytes (all of them up to 16 bytes, the
+/// first and last eight beyond), each byte with bit 0x20 set: an ASCII
+/// capital hashes like its lower case, so a word and its lower-cased form
+/// hash alike. Constant time, no copy.
+fn word_hash(w: &[u8]) -> u64 {
+    const FOLD: u64 = 0x2020_2020_2020_2020;
+    let n = w.len();
+    let (head, tail) = if n >= 8 {
+        (load64(w, 0), load64(w, n - 8))
+    } else if n >= 4 {
+        (load32(w, 0), load32(w, n - 4))
+    } else if n > 0 {
+        let three = u64::from(w[0]) | (u64::from(w[n / 2]) << 8) | (u64::from(w[n - 1]) << 16);
+        (three, 0)
+    } else {
+        (0, 0)
+    };
+    let x = (head | FOLD).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (tail | FOLD)
+            .rotate_left(31)
+            .wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ (n as u64);
+    (x ^ (x >> 29)).wrapping_mul(0x94d0_49bb_1331_11eb) ^ (x >> 32)
+}
+
 /// BM25 of each span against the query, normalised by the best.
 fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
-    let mut terms: FastMap<String, u32> = fasthash::map(16);
+    let mut words: Vec<String> = Vec::new();
+    let mut known: FastSet<String> = fasthash::set(16);
     let mut buf = String::new();
-    for_each_word(query, |w, ascii| {
-        lower_into(w, ascii, &mut buf);
-        if counts(&buf) && !terms.contains_key(buf.as_str()) {
-            let next = terms.len() as u32;
-            terms.insert(buf.clone(), next);
+    for_each_word(query, |start, end, ascii| {
+        lower_into(&query[start..end], ascii, &mut buf);
+        if counts(&buf) && !known.contains(buf.as_str()) {
+            known.insert(buf.clone());
+            words.push(buf.clone());
         }
     });
-    if terms.is_empty() || spans.is_empty() {
+    if words.is_empty() || spans.is_empty() {
         return vec![0.0; spans.len()];
     }
-    // A cheap pre-filter on (first byte, length) spares most lookups.
-    let mut filter = [0u64; 256];
-    for t in terms.keys() {
-        filter[usize::from(t.as_bytes()[0])] |= 1 << t.len().min(63);
-    }
-    let passes = |first: u8, len: usize| filter[usize::from(first)] & (1u64 << len.min(63)) != 0;
-    let mut df = vec![0u32; terms.len()];
-    let mut tf = vec![0u32; terms.len()];
+    let terms = Terms::new(words);
+    let mut df = vec![0u32; terms.words.len()];
+    let mut tf = vec![0u32; terms.words.len()];
     let mut touched: Vec<u32> = Vec::new();
     // (span index, term, frequency) for every match, and each span's length.
     let mut matches: Vec<(u32, u32, u32)> = Vec::new();
     let mut lengths: Vec<u32> = Vec::with_capacity(spans.len());
     for (i, span) in spans.iter().enumerate() {
         let mut len = 0u32;
-        for_each_word(&span.text, |w, ascii| {
-            len = len.saturating_add(1);
-            let key = if ascii {
-                if !passes(w.as_bytes()[0].to_ascii_lowercase(), w.len()) {
-                    return;
-                }
-                if w.bytes().any(|b| b.is_ascii_uppercase()) {
-                    lower_into(w, true, &mut buf);
-                    buf.as_str()
-                } else {
-                    w
-                }
-            } else {
-                lower_into(w, false, &mut buf);
-                if buf.is_empty() || !passes(buf.as_bytes()[0], buf.len()) {
-                    return;
-                }
-                buf.as_str()
-            };
-            if let Some(&t) = terms.get(key) {
-                if tf[t as usize] == 0 {
-                    touched.push(t);
-                }
-                tf[t as usize] += 1;
+        let text = span.text.as_str();
+        let mut count = |t: u32| {
+            if tf[t as usize] == 0 {
+                touched.push(t);
             }
-        });
+            tf[t as usize] += 1;
+        };
+        if text.is_ascii() {
+            for_each_ascii_word(text.as_bytes(), |w| {
+                len = len.saturating_add(1);
+                if let Some(t) = terms.find(w, true) {
+                    count(t);
+                }
+            });
+        } else {
+            for_each_word(text, |start, end, ascii| {
+                len = len.saturating_add(1);
+                let found = if ascii {
+                    terms.find(&text.as_bytes()[start..end], true)
+                } else {
+                    lower_into(&text[start..end], false, &mut buf);
+                    terms.find(buf.as_bytes(), false)
+                };
+                if let Some(t) = found {
+                    count(t);
+                }
+            });
+        }
         for &t in &touched {
             df[t as usize] += 1;
             matches.push((i as u32, t, tf[t as usize]));
@@ -399,5 +621,164 @@ mod tests {
         assert_eq!(s[4], 0.0);
         // The rare term outweighs the common one.
         assert!(s[1] > s[2], "{s:?}");
+    }
+
+    /// BM25 as the formula says, with every word lower-cased into a
+    /// string and looked up in a plain map: what the hashed lookup must
+    /// reproduce exactly.
+    fn reference_similarity(spans: &[Span], query: &str) -> Vec<f64> {
+        let words = |text: &str| {
+            let mut out = Vec::new();
+            let mut buf = String::new();
+            for_each_word(text, |start, end, ascii| {
+                lower_into(&text[start..end], ascii, &mut buf);
+                out.push(buf.clone());
+            });
+            out
+        };
+        let mut terms: Vec<String> = Vec::new();
+        for w in words(query) {
+            if counts(&w) && !terms.contains(&w) {
+                terms.push(w);
+            }
+        }
+        if terms.is_empty() || spans.is_empty() {
+            return vec![0.0; spans.len()];
+        }
+        let docs: Vec<Vec<String>> = spans.iter().map(|s| words(&s.text)).collect();
+        let n = spans.len() as f64;
+        let avg = (docs.iter().map(|d| d.len() as f64).sum::<f64>() / n).max(1.0);
+        let df: Vec<f64> = terms
+            .iter()
+            .map(|t| docs.iter().filter(|d| d.contains(t)).count() as f64)
+            .collect();
+        let mut raw: Vec<f64> = docs
+            .iter()
+            .map(|d| {
+                // Terms in the order the span first uses them, as the
+                // scores are summed.
+                let mut order: Vec<usize> = Vec::new();
+                for w in d {
+                    if let Some(t) = terms.iter().position(|t| t == w)
+                        && !order.contains(&t)
+                    {
+                        order.push(t);
+                    }
+                }
+                order
+                    .into_iter()
+                    .map(|t| {
+                        let f = d.iter().filter(|w| **w == terms[t]).count() as f64;
+                        let idf = (1.0 + (n - df[t] + 0.5) / (df[t] + 0.5)).ln();
+                        let norm = 1.0 - BM25_B + BM25_B * d.len() as f64 / avg;
+                        idf * f * (BM25_K1 + 1.0) / (f + BM25_K1 * norm)
+                    })
+                    .sum()
+            })
+            .collect();
+        let best = raw.iter().copied().fold(0.0f64, f64::max);
+        if best > 0.0 {
+            raw.iter_mut().for_each(|s| *s /= best);
+        }
+        raw
+    }
+
+    #[test]
+    fn hashed_lookup_matches_the_plain_formula() {
+        let texts = [
+            "Deploy the STAGING overlay; deploy again if it fails.",
+            "src/planner.rs:42: error[E0308]: mismatched types in Planner::plan",
+            "the quick brown fox_jumps over 12 lazy dogs 12 times",
+            "Ünïcödé ÄÖÜ straße STRASSE naïve café ΣΊΣΥΦΟΣ",
+            "a b c d e f g aa bb cc",
+            "\u{212a}elvin and kelvin and KELVIN",
+            "averyveryverylongidentifier_with_many_parts averyveryverylongidentifier_with_many_partz",
+            "x",
+            "",
+            "12345678 123456789 1234567 1234 123 12",
+        ];
+        let spans: Vec<Span> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| span(i as u64 + 1, 1, t, 9))
+            .collect();
+        for query in [
+            "deploy staging",
+            "DEPLOY Staging fails",
+            "Planner::plan mismatched E0308 src planner rs",
+            "STRASSE straße naïve ÄÖÜ σίσυφος",
+            "\u{212a}ELVIN",
+            "averyveryverylongidentifier_with_many_parts 12345678 1234 aa",
+            "the and of",
+            "",
+        ] {
+            let got = similarity(&spans, query);
+            let want = reference_similarity(&spans, query);
+            assert_eq!(got, want, "query {query:?}");
+        }
+    }
+
+    #[test]
+    fn folding_compares_like_the_standard_library() {
+        let alphabet = b"aAzZ09_@[`{\x7f";
+        let mut words: Vec<Vec<u8>> = Vec::new();
+        for n in 0..=18 {
+            for k in 0..alphabet.len() {
+                words.push(
+                    (0..n)
+                        .map(|i| alphabet[(i * 7 + k) % alphabet.len()])
+                        .collect(),
+                );
+            }
+        }
+        for w in &words {
+            let lower = w.to_ascii_lowercase();
+            assert!(folds_to(w, &lower), "{w:?}");
+            for t in &words {
+                let t = t.to_ascii_lowercase();
+                assert_eq!(folds_to(w, &t), w.eq_ignore_ascii_case(&t), "{w:?} {t:?}");
+            }
+            let mut high = lower.clone();
+            if let Some(b) = high.last_mut() {
+                *b = 0xc3;
+                assert!(!folds_to(w, &high), "{w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_ascii_scanner_finds_the_same_words() {
+        let mut texts: Vec<String> = vec![
+            String::new(),
+            "a".into(),
+            "_".into(),
+            " ".into(),
+            "Hello, world_2! x".into(),
+            "a".repeat(64),
+            "a".repeat(65),
+            format!("{} {}", "b".repeat(63), "c".repeat(70)),
+            "@[`{/:\x7f\t\n~ Zz09_".repeat(9),
+        ];
+        let mut x = 0x1234_5678_u64;
+        for len in [7usize, 63, 64, 65, 127, 128, 129, 300] {
+            let text: String = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    char::from(b" aZ9_.-/@`{[~"[(x % 13) as usize])
+                })
+                .collect();
+            texts.push(text);
+        }
+        for text in &texts {
+            let mut general = Vec::new();
+            for_each_word(text, |s, e, _| general.push(text[s..e].to_owned()));
+            let mut fast = Vec::new();
+            for_each_ascii_word(text.as_bytes(), |w| {
+                fast.push(String::from_utf8_lossy(w).into_owned())
+            });
+            assert_eq!(fast, general, "{text:?}");
+        }
     }
 }

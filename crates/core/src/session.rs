@@ -1,8 +1,9 @@
 //! A session's state as the policy sees it: its record (configuration and
 //! counters) and, around it, the operations that change it.
 
-use crate::admission::{self, AdmissionInput, Decision};
+use crate::admission::{self, AdmissionInput, Decided};
 use crate::config::{AnchorPolicy, ClassifierMode, SessionConfig, SessionMode, TriggerPolicy};
+use crate::fasthash::{self, FastMap, FastSet};
 use crate::marker::{CompactionTrigger, Marker, Outcome};
 use crate::plan::{
     CompressedForm, Eviction, EvictionReason, Plan, Sizes, Verdict, Violation, ViolationKind,
@@ -14,7 +15,7 @@ use crate::span::{
     ClassSource, Classification, Modality, Role, Span, SpanClass, SpanId, SummaryInfo,
 };
 use crate::tokens::TokenCounter;
-use crate::verify::verify;
+use crate::verify::verify_refs;
 
 /// A session's configuration and the counters kept up to date with its
 /// live context, so that reading a session never needs a scan of its
@@ -356,12 +357,23 @@ impl Session {
     pub fn apply(&mut self, change: &Change) {
         self.record = change.record.clone();
         if !change.evict.is_empty() {
-            let evicted: std::collections::HashSet<SpanId> = change.evict.iter().copied().collect();
+            let mut evicted: FastSet<SpanId> = fasthash::set(change.evict.len());
+            evicted.extend(change.evict.iter().copied());
             self.spans.retain(|s| !evicted.contains(&s.id));
         }
-        for span in &change.replace {
-            if let Some(live) = self.spans.iter_mut().find(|s| s.id == span.id) {
-                *live = span.clone();
+        if !change.replace.is_empty() {
+            // Each replacement goes to the first live span with its id.
+            let mut first: FastMap<SpanId, Option<usize>> = fasthash::map(change.replace.len());
+            first.extend(change.replace.iter().map(|s| (s.id, None)));
+            for (i, s) in self.spans.iter().enumerate() {
+                if let Some(slot @ None) = first.get_mut(&s.id) {
+                    *slot = Some(i);
+                }
+            }
+            for span in &change.replace {
+                if let Some(&Some(i)) = first.get(&span.id) {
+                    self.spans[i] = span.clone();
+                }
             }
         }
         if let Some(summary) = &change.summary {
@@ -402,7 +414,11 @@ impl Session {
             .map(|(i, id)| admitted_span(i, id, turn, now_ms))
             .collect();
         let next_span_id = first_id + spans.len() as u64;
-        let decision = admission::decide(
+        let needs_approval =
+            config.mode == SessionMode::Approval || self.record.approval_required || unclassified;
+        // The change is made from the verified plan and the kept spans
+        // where they stand: no copy of the live context is made.
+        let decision = admission::decide_with(
             &AdmissionInput {
                 config,
                 live: &self.spans,
@@ -412,19 +428,23 @@ impl Session {
                 now_ms,
             },
             counter,
+            |plan, post, _verdict| {
+                (!needs_approval).then(|| {
+                    self.compacted_admission(&plan, post, spans.clone(), unclassified, now_ms)
+                })
+            },
         );
-        let needs_approval =
-            config.mode == SessionMode::Approval || self.record.approval_required || unclassified;
         match decision {
-            Decision::Fits => Ok(self.admission(spans, None, unclassified, now_ms)),
-            Decision::Refuse(refusal) => Err(self.escalation(
+            Decided::Fits => Ok(self.admission(spans, unclassified, now_ms)),
+            Decided::Refuse(refusal) => Err(self.escalation(
                 CompactionTrigger::HardBudget,
                 refusal.sizes,
                 refusal.violations,
                 "",
                 now_ms,
             )),
-            Decision::Compact(_) if needs_approval => {
+            Decided::Compact(Some(change)) => Ok(change),
+            Decided::Compact(None) => {
                 let sizes = self.sizes(&spans);
                 let outcome = self.plan(sizes.incoming, None, now_ms, counter);
                 if outcome.verdict.passed() {
@@ -442,7 +462,6 @@ impl Session {
                     ))
                 }
             }
-            Decision::Compact(c) => Ok(self.admission(spans, Some(c), unclassified, now_ms)),
         }
     }
 
@@ -473,8 +492,9 @@ impl Session {
             session_tag: PlanId::tag(&self.record.id),
         };
         let plan = self.manual_plan(&plan_id, now_ms, counter);
-        let post = planner::apply(&self.spans, &plan);
-        let verdict = verify(&self.spans, &plan, &post, incoming_tokens, config, counter);
+        let made = planner::made_spans(&self.spans, &plan);
+        let post = planner::apply_refs(&self.spans, &plan, &made);
+        let verdict = verify_refs(&self.spans, &plan, &post, incoming_tokens, config, counter);
         PlanOutcome {
             plan_id,
             plan,
@@ -555,9 +575,10 @@ impl Session {
         };
         plan.compressed
             .sort_by_key(|f| (position(f.span_id), f.span_id));
-        let post = planner::apply(&self.spans, &plan);
+        let made = planner::made_spans(&self.spans, &plan);
+        let post = planner::apply_refs(&self.spans, &plan, &made);
         plan.tokens_after = post.iter().map(|s| u64::from(s.tokens)).sum();
-        let verdict = verify(
+        let verdict = verify_refs(
             &self.spans,
             &plan,
             &post,
@@ -1109,55 +1130,54 @@ impl Session {
         record
     }
 
-    /// The change that admits `turn`, after `compaction` when one was
-    /// needed.
-    fn admission(
+    /// The change that admits `turn` with the compaction it needed: the
+    /// verified `plan` and the live context after it, `post`.
+    fn compacted_admission(
         &self,
+        plan: &Plan,
+        post: &[&Span],
         turn: Vec<Span>,
-        compaction: Option<admission::Compaction>,
         unclassified: bool,
         now_ms: u64,
     ) -> Change {
-        match compaction {
-            Some(c) => {
-                let detail = format!(
-                    "evicted {} spans, compressed {} constraints ({} -> {} live tokens) to admit {} tokens",
-                    c.plan.evicted.len(),
-                    c.plan.compressed.len(),
-                    c.plan.tokens_before,
-                    c.plan.tokens_after,
-                    c.plan.incoming_tokens
-                );
-                let mut change = self.compaction(
-                    &c.plan,
-                    &c.post,
-                    Committing {
-                        trigger: CompactionTrigger::HardBudget,
-                        actor: "",
-                        detail,
-                        turn: Some(turn),
-                    },
-                    now_ms,
-                );
-                change.record.approval_required |= unclassified;
-                change
-            }
-            None => {
-                let mut record = self.content_record(self.spans.iter().chain(&turn), now_ms);
-                record.turns += 1;
-                record.next_span_id += turn.len() as u64;
-                record.last_admit_ms = now_ms;
-                record.approval_required |= unclassified;
-                Change {
-                    expected_revision: self.record.revision,
-                    record,
-                    append: turn,
-                    evict: Vec::new(),
-                    summary: None,
-                    replace: Vec::new(),
-                    marker: None,
-                }
-            }
+        let detail = format!(
+            "evicted {} spans, compressed {} constraints ({} -> {} live tokens) to admit {} tokens",
+            plan.evicted.len(),
+            plan.compressed.len(),
+            plan.tokens_before,
+            plan.tokens_after,
+            plan.incoming_tokens
+        );
+        let mut change = self.compaction(
+            plan,
+            post,
+            Committing {
+                trigger: CompactionTrigger::HardBudget,
+                actor: "",
+                detail,
+                turn: Some(turn),
+            },
+            now_ms,
+        );
+        change.record.approval_required |= unclassified;
+        change
+    }
+
+    /// The change that admits `turn` as it is.
+    fn admission(&self, turn: Vec<Span>, unclassified: bool, now_ms: u64) -> Change {
+        let mut record = self.content_record(self.spans.iter().chain(&turn), now_ms);
+        record.turns += 1;
+        record.next_span_id += turn.len() as u64;
+        record.last_admit_ms = now_ms;
+        record.approval_required |= unclassified;
+        Change {
+            expected_revision: self.record.revision,
+            record,
+            append: turn,
+            evict: Vec::new(),
+            summary: None,
+            replace: Vec::new(),
+            marker: None,
         }
     }
 
@@ -1175,8 +1195,9 @@ impl Session {
         if plan.evicted.is_empty() || plan.tokens_after >= plan.tokens_before {
             return None;
         }
-        let post = planner::apply(&self.spans, &plan);
-        if !verify(&self.spans, &plan, &post, 0, &self.record.config, counter).passed() {
+        let made = planner::made_spans(&self.spans, &plan);
+        let post = planner::apply_refs(&self.spans, &plan, &made);
+        if !verify_refs(&self.spans, &plan, &post, 0, &self.record.config, counter).passed() {
             return None;
         }
         Some(self.compaction(
@@ -1197,20 +1218,32 @@ impl Session {
     fn compaction(
         &self,
         plan: &Plan,
-        post: &[Span],
+        post: &[&Span],
         committing: Committing<'_>,
         now_ms: u64,
     ) -> Change {
-        let compacted = Totals::of(post);
-        let replace: Vec<Span> = plan
-            .compressed
-            .iter()
-            .filter_map(|f| post.iter().find(|s| s.id == f.span_id).cloned())
-            .collect();
+        let compacted = Totals::of(post.iter().copied());
+        let replace: Vec<Span> = if plan.compressed.is_empty() {
+            Vec::new()
+        } else {
+            // For each compressed form, in the plan's order, the first span
+            // of post with its id: one pass over post, not one per form.
+            let mut first: FastMap<SpanId, Option<&Span>> = fasthash::map(plan.compressed.len());
+            first.extend(plan.compressed.iter().map(|f| (f.span_id, None)));
+            for &s in post {
+                if let Some(slot @ None) = first.get_mut(&s.id) {
+                    *slot = Some(s);
+                }
+            }
+            plan.compressed
+                .iter()
+                .filter_map(|f| first.get(&f.span_id).copied().flatten().cloned())
+                .collect()
+        };
         let summary = plan.summary.clone();
         let turn = committing.turn.unwrap_or_default();
         let admitted = !turn.is_empty() || committing.trigger == CompactionTrigger::HardBudget;
-        let mut record = self.content_record(post.iter().chain(&turn), now_ms);
+        let mut record = self.content_record(post.iter().copied().chain(&turn), now_ms);
         if admitted {
             record.turns += 1;
             record.next_span_id += turn.len() as u64;

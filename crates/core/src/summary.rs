@@ -406,8 +406,14 @@ impl Writer<'_> {
         if bytes <= 16 * u64::from(room) && self.counter.count(&candidates.join(" | ")) <= room {
             return (0..candidates.len()).collect();
         }
-        let mut order: Vec<usize> = (0..candidates.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(keep_key(candidates, i)));
+        // Each key classifies its anchor (error line, path, ...): compute
+        // it once per anchor, not twice per comparison. Keys are distinct
+        // (they end with the index), so the order is the same either way.
+        let mut keyed: Vec<_> = (0..candidates.len())
+            .map(|i| (std::cmp::Reverse(keep_key(candidates, i)), i))
+            .collect();
+        keyed.sort_unstable_by_key(|&(key, _)| key);
+        let order = keyed.into_iter().map(|(_, i)| i);
         let mut kept = Vec::new();
         let mut inside: FastSet<String> = fasthash::set(candidates.len());
         for i in order {
@@ -641,21 +647,18 @@ pub fn extract_anchors(text: &str) -> Vec<String> {
 /// A cheap test that rules out most lines: an error line contains one of
 /// these words, in some case.
 fn may_report_error(line: &str) -> bool {
-    const STEMS: [&[u8]; 6] = [
-        b"error",
-        b"fail",
-        b"fatal",
-        b"panic",
-        b"traceback",
-        b"exception",
-    ];
     let b = line.as_bytes();
-    b.iter().enumerate().any(|(i, &c)| {
-        matches!(c | 0x20, b'e' | b'f' | b'p' | b't')
-            && STEMS.iter().any(|stem| {
-                b.get(i..i + stem.len())
-                    .is_some_and(|w| w.eq_ignore_ascii_case(stem))
-            })
+    let at = |i: usize, stem: &[u8]| {
+        b.get(i..i + stem.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+    };
+    // Only the stems that start with the byte's letter can match there.
+    (0..b.len()).any(|i| match b[i] | 0x20 {
+        b'e' => at(i, b"error") || at(i, b"exception"),
+        b'f' => at(i, b"fail") || at(i, b"fatal"),
+        b'p' => at(i, b"panic"),
+        b't' => at(i, b"traceback"),
+        _ => false,
     })
 }
 
@@ -718,12 +721,37 @@ const TRAILING_WRAP: &[char] = &[
 pub(crate) fn chunks(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.split_whitespace().filter_map(move |raw| {
         let at = raw.as_ptr() as usize - text.as_ptr() as usize;
-        let stripped = raw.trim_start_matches(LEADING_WRAP);
+        // Most chunks start and end with a letter or digit: then there is
+        // nothing to strip, and no character needs decoding to tell.
+        let stripped = match raw.as_bytes().first() {
+            Some(&b) if b < 0x80 && !LEADING_ASCII[usize::from(b)] => raw,
+            _ => raw.trim_start_matches(LEADING_WRAP),
+        };
         let lead = raw.len() - stripped.len();
-        let core = stripped.trim_end_matches(TRAILING_WRAP);
+        let core = match stripped.as_bytes().last() {
+            Some(&b) if b < 0x80 && !TRAILING_ASCII[usize::from(b)] => stripped,
+            _ => stripped.trim_end_matches(TRAILING_WRAP),
+        };
         (!core.is_empty()).then_some((at + lead, core))
     })
 }
+
+/// The ASCII characters of a wrap list, as a table by byte.
+const fn ascii_table(chars: &[char]) -> [bool; 128] {
+    let mut t = [false; 128];
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i] as u32;
+        if c < 128 {
+            t[c as usize] = true;
+        }
+        i += 1;
+    }
+    t
+}
+
+static LEADING_ASCII: [bool; 128] = ascii_table(LEADING_WRAP);
+static TRAILING_ASCII: [bool; 128] = ascii_table(TRAILING_WRAP);
 
 /// Whether a stripped chunk is an anchor on its own.
 pub(crate) fn chunk_is_anchor(w: &str) -> bool {
@@ -1233,6 +1261,71 @@ mod tests {
             let s = span(1, t);
             let d = summarize(&[&s], 50, 1, &ByteLength);
             assert!(d.tokens <= 50);
+        }
+    }
+
+    /// The stripped chunks and the error-stem test as first written
+    /// (generic character matching, every stem at every candidate byte),
+    /// against the byte-level shortcuts.
+    #[test]
+    fn shortcuts_agree_with_the_plain_definitions() {
+        fn plain_chunks(text: &str) -> Vec<(usize, &str)> {
+            text.split_whitespace()
+                .filter_map(|raw| {
+                    let at = raw.as_ptr() as usize - text.as_ptr() as usize;
+                    let stripped = raw.trim_start_matches(LEADING_WRAP);
+                    let lead = raw.len() - stripped.len();
+                    let core = stripped.trim_end_matches(TRAILING_WRAP);
+                    (!core.is_empty()).then_some((at + lead, core))
+                })
+                .collect()
+        }
+        fn plain_may_report_error(line: &str) -> bool {
+            const STEMS: [&[u8]; 6] = [
+                b"error",
+                b"fail",
+                b"fatal",
+                b"panic",
+                b"traceback",
+                b"exception",
+            ];
+            let b = line.as_bytes();
+            (0..b.len()).any(|i| {
+                STEMS.iter().any(|stem| {
+                    b.get(i..i + stem.len())
+                        .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+                })
+            })
+        }
+        let texts = [
+            "(see `src/main.rs`), then [retry] {twice}; <ok> \"quoted\" 'single' *bold*",
+            "\u{201c}curly\u{201d} \u{2018}single\u{2019} ...!?, a. b: c;",
+            "ERROR: Failed to start; FATAL panic! Traceback (most recent call last) TypeError",
+            "eRRor FaIl fAtAl PaNiC tRaCeBaCk ExCePtIoN exceptio erro fai",
+            "Ünïcödé «guillemets» — dash, 日本語。 🦀!",
+            "",
+            "   ",
+            "((( ))) ``` *** ... ,,,",
+            "E F P T e f p t",
+        ];
+        for text in texts {
+            assert_eq!(
+                chunks(text).collect::<Vec<_>>(),
+                plain_chunks(text),
+                "{text:?}"
+            );
+            assert_eq!(
+                may_report_error(text),
+                plain_may_report_error(text),
+                "{text:?}"
+            );
+            for line in text.split(['\n', ' ']) {
+                assert_eq!(
+                    may_report_error(line),
+                    plain_may_report_error(line),
+                    "{line:?}"
+                );
+            }
         }
     }
 }

@@ -29,25 +29,39 @@ pub fn verify(
     config: &SessionConfig,
     counter: &dyn TokenCounter,
 ) -> Verdict {
+    let post: Vec<&Span> = post.iter().collect();
+    verify_refs(pre, plan, &post, incoming_tokens, config, counter)
+}
+
+/// [`verify`] of a post-state given by reference: the admission path
+/// checks the spans it keeps where they stand rather than copies of them.
+pub(crate) fn verify_refs(
+    pre: &[Span],
+    plan: &Plan,
+    post: &[&Span],
+    incoming_tokens: u64,
+    config: &SessionConfig,
+    counter: &dyn TokenCounter,
+) -> Verdict {
     let mut v = Report::default();
 
     // The pre-state: ids must be unique for anything below to mean much.
-    let mut pre_index: FastMap<SpanId, usize> = fasthash::map(pre.len());
-    for (i, s) in pre.iter().enumerate() {
-        if pre_index.insert(s.id, i).is_some() {
-            v.push(
-                ViolationKind::PlanInconsistent,
-                Some(s.id),
-                format!("span {} appears twice in the pre-compaction context", s.id),
-            );
-        }
+    let pre_index = PreIndex::new(pre);
+    for &i in &pre_index.repeated {
+        let s = &pre[i];
+        v.push(
+            ViolationKind::PlanInconsistent,
+            Some(s.id),
+            format!("span {} appears twice in the pre-compaction context", s.id),
+        );
     }
 
     // Evictions.
     let mut is_evicted = vec![false; pre.len()];
     let mut evicted: Vec<&Span> = Vec::with_capacity(plan.evicted.len());
+    let mut hint = 0;
     for e in &plan.evicted {
-        let Some(&i) = pre_index.get(&e.span_id) else {
+        let Some(i) = pre_index.get_near(e.span_id, &mut hint) else {
             v.push(
                 ViolationKind::PlanInconsistent,
                 Some(e.span_id),
@@ -102,7 +116,7 @@ pub fn verify(
                 format!("span {} has two compressed forms", form.span_id),
             );
         }
-        match pre_index.get(&form.span_id).map(|&i| (i, &pre[i])) {
+        match pre_index.get(form.span_id).map(|i| (i, &pre[i])) {
             None => v.push(
                 ViolationKind::PlanInconsistent,
                 Some(form.span_id),
@@ -150,10 +164,22 @@ pub fn verify(
         .filter(|&(_, &gone)| !gone)
         .map(|(s, _)| (s.position, s.id))
         .collect();
+    // Pre is in prompt order, so this is sorted but for the summary: find
+    // its place rather than sort (the same list either way, as the
+    // entries are totally ordered).
+    let sorted = expected.windows(2).all(|w| w[0] < w[1]);
     if let Some(s) = &plan.summary {
-        expected.push((s.position, s.id));
+        let entry = (s.position, s.id);
+        if sorted {
+            let at = expected.partition_point(|e| *e < entry);
+            expected.insert(at, entry);
+        } else {
+            expected.push(entry);
+        }
     }
-    expected.sort_unstable();
+    if !sorted {
+        expected.sort_unstable();
+    }
     let differs_at = expected
         .iter()
         .zip(post)
@@ -213,7 +239,9 @@ pub fn verify(
     let mut state = vec![ABSENT; pre.len()];
     let mut summary_seen = false;
     let mut post_tokens: u64 = 0;
-    for s in post {
+    // Post follows pre's order: look where the last kept span ended first.
+    let mut next = 0;
+    for &s in post {
         if let Some(summary) = plan.summary.as_ref().filter(|p| p.id == s.id) {
             if summary_seen {
                 v.push(
@@ -235,7 +263,16 @@ pub fn verify(
             }
             continue;
         }
-        let Some(&i) = pre_index.get(&s.id) else {
+        while next < pre.len() && is_evicted[next] {
+            next += 1;
+        }
+        let found = if pre_index.repeated.is_empty() && pre.get(next).is_some_and(|p| p.id == s.id)
+        {
+            Some(next)
+        } else {
+            pre_index.get(s.id)
+        };
+        let Some(i) = found else {
             // Already reported as inconsistent; still count it.
             post_tokens += u64::from(counter.count(&s.text));
             continue;
@@ -247,6 +284,7 @@ pub fn verify(
                 format!("span {} appears twice in the post-compaction context", s.id),
             );
         }
+        next = i + 1;
         state[i] = if s.is_pinned() { PINNED } else { UNPINNED };
         post_tokens += u64::from(kept_tokens(&mut v, &pre[i], s, &forms, counter));
     }
@@ -322,6 +360,65 @@ pub fn verify(
     }
 }
 
+/// Where each id of the pre-state stands: the ids sorted with their
+/// indices, by a stable sort, which costs one pass over the few increasing
+/// runs a live context's ids form. A repeated id answers with its last
+/// index.
+struct PreIndex {
+    by_id: Vec<(SpanId, usize)>,
+    /// The indices of every span whose id an earlier span has, in prompt
+    /// order.
+    repeated: Vec<usize>,
+}
+
+impl PreIndex {
+    fn new(pre: &[Span]) -> PreIndex {
+        let mut by_id: Vec<(SpanId, usize)> =
+            pre.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        by_id.sort_by_key(|&(id, _)| id);
+        let mut repeated: Vec<usize> = by_id
+            .windows(2)
+            .filter(|w| w[0].0 == w[1].0)
+            .map(|w| w[1].1)
+            .collect();
+        repeated.sort_unstable();
+        PreIndex { by_id, repeated }
+    }
+
+    /// The index of `id` in pre.
+    fn get(&self, id: SpanId) -> Option<usize> {
+        let p = self.by_id.partition_point(|&(k, _)| k <= id);
+        p.checked_sub(1)
+            .map(|at| self.by_id[at])
+            .filter(|&(k, _)| k == id)
+            .map(|(_, i)| i)
+    }
+
+    /// [`PreIndex::get`], searching onwards from where the previous search
+    /// ended (`hint`), so that ids asked in increasing order cost little.
+    fn get_near(&self, id: SpanId, hint: &mut usize) -> Option<usize> {
+        let v = &self.by_id;
+        let start = match v.get(*hint) {
+            Some(&(k, _)) if k <= id => *hint,
+            _ => 0,
+        };
+        // Gallop to an entry above `id`, then search between.
+        let mut end = start + 1;
+        let mut step = 1;
+        while end < v.len() && v[end].0 <= id {
+            step *= 2;
+            end = start + step;
+        }
+        let end = end.min(v.len());
+        let p = start + v[start..end].partition_point(|&(k, _)| k <= id);
+        *hint = p.saturating_sub(1);
+        p.checked_sub(1)
+            .map(|at| v[at])
+            .filter(|&(k, _)| k == id)
+            .map(|(_, i)| i)
+    }
+}
+
 #[derive(Default)]
 struct Report {
     violations: Vec<Violation>,
@@ -358,6 +455,11 @@ fn kept_tokens(
     forms: &FastMap<SpanId, (&str, u32)>,
     counter: &dyn TokenCounter,
 ) -> u32 {
+    // The very span of pre, kept as it was: every check below compares it
+    // with itself.
+    if std::ptr::eq(original, s) && !forms.contains_key(&s.id) {
+        return original.tokens;
+    }
     if s.is_pinned() && original.is_pinned() && s.predicate != original.predicate {
         v.push(
             ViolationKind::PlanInconsistent,
@@ -469,7 +571,7 @@ fn check_summary(
     v: &mut Report,
     s: &Span,
     tokens: u32,
-    pre_index: &FastMap<SpanId, usize>,
+    pre_index: &PreIndex,
     evicted: &[&Span],
     plan: &Plan,
     config: &SessionConfig,
@@ -489,7 +591,7 @@ fn check_summary(
             "a summary without evicted spans".into(),
         );
     }
-    if pre_index.contains_key(&s.id) {
+    if pre_index.get(s.id).is_some() {
         v.push(
             ViolationKind::PlanInconsistent,
             id,
@@ -939,5 +1041,43 @@ mod tests {
             &ByteLength,
         );
         assert!(kinds(&verdict).contains(&ViolationKind::PlanInconsistent));
+    }
+
+    #[test]
+    fn the_pre_index_answers_like_a_map_filled_in_order() {
+        let mut x = 0x9e37_79b9_u64;
+        for len in [0usize, 1, 2, 7, 64, 300] {
+            // Increasing runs, as a live context's ids form, with repeats.
+            let ids: Vec<u64> = (0..len)
+                .map(|k| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (k as u64 % 97) * 3 + x % 4
+                })
+                .collect();
+            let pre: Vec<Span> = ids
+                .iter()
+                .map(|&id| crate::testing::admitted(id, 1, crate::span::Role::Tool, "x"))
+                .collect();
+            let index = PreIndex::new(&pre);
+            let mut map = std::collections::HashMap::new();
+            let mut repeated = Vec::new();
+            for (i, s) in pre.iter().enumerate() {
+                if map.insert(s.id, i).is_some() {
+                    repeated.push(i);
+                }
+            }
+            assert_eq!(index.repeated, repeated);
+            let mut hint = 0;
+            for probe in (0..320u64).chain((0..320).rev()).chain(ids.iter().copied()) {
+                assert_eq!(index.get(probe), map.get(&probe).copied(), "{probe}");
+                assert_eq!(
+                    index.get_near(probe, &mut hint),
+                    map.get(&probe).copied(),
+                    "{probe}"
+                );
+            }
+        }
     }
 }
