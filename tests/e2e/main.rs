@@ -13,12 +13,16 @@ mod support;
 mod bad_input;
 mod burst;
 mod cliff;
+mod config;
 mod corruption;
 mod crash_loop;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;
+mod metrics;
 mod ops;
 mod policy;
+mod resident;
 mod retry;
+mod transfer;
 mod watch;

@@ -154,7 +154,7 @@ impl Broker {
         let (soft_queue, soft_rx) = mpsc::unbounded_channel();
         Broker {
             store,
-            sessions: Sessions::default(),
+            sessions: Sessions::new(limits.session_cache_bytes),
             limits,
             session_count,
             soft_queue,
@@ -422,6 +422,50 @@ impl Broker {
             "session deleted"
         );
         Ok(ack.spans_deleted)
+    }
+
+    /// Adds a session made elsewhere (an imported snapshot, see
+    /// `transfer`), which `write` stores whole, under the rules of
+    /// [`Broker::create_session`]: the id must be free, the session counts
+    /// against `max_sessions`, and once written it is served from memory
+    /// like any other, with its staleness guard and, when it stands above
+    /// its soft watermark with a turn since its last compaction, the
+    /// background pre-compaction its own server would have queued.
+    pub async fn adopt_session(
+        &self,
+        session: Session,
+        write: impl Future<Output = Result<(), ctxbroker_store::StoreError>>,
+    ) -> Result<SessionRecord, ApiError> {
+        let id = session.record.id.clone();
+        let mut slot = self.sessions.lock_for_create(&id).await;
+        if slot.is_some() {
+            return Err(ApiError::SessionExists(id));
+        }
+        let max = self.limits.max_sessions;
+        if self.session_count.fetch_add(1, Ordering::SeqCst) >= max {
+            self.session_count.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::SessionLimit { max });
+        }
+        if let Err(err) = write.await {
+            self.session_count.fetch_sub(1, Ordering::SeqCst);
+            return Err(err.into());
+        }
+        let record = session.record.clone();
+        self.sessions
+            .remember_tokenizer(&id, record.config.tokenizer);
+        *slot = Some(Loaded {
+            session,
+            stale: false,
+            gone: false,
+        });
+        drop(slot);
+        self.guard_staleness(&record);
+        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
+            && record.turns > record.last_compaction_turn
+        {
+            self.queue_soft(&id);
+        }
+        Ok(record)
     }
 
     /// The live context with relevance as of the latest turn.

@@ -15,6 +15,7 @@ use ctxbroker_store::Store;
 use tokio::sync::broadcast;
 
 use crate::error::ApiError;
+use crate::metrics::WatcherProbe;
 
 /// Markers held in the ring for subscribers that read slowly; past that,
 /// they read from the log.
@@ -102,6 +103,8 @@ pub struct MarkerFeed {
     /// False while the feed reads the log.
     live: bool,
     caught_up_sent: bool,
+    /// Where the metrics learn this feed's position, when it is a watch.
+    probe: Option<Arc<WatcherProbe>>,
 }
 
 /// Where a feed starts.
@@ -159,7 +162,22 @@ impl MarkerFeed {
             backlog: VecDeque::new(),
             live: false,
             caught_up_sent: false,
+            probe: None,
         })
+    }
+
+    /// Reports this feed's position to `probe` from now on.
+    pub fn track(&mut self, probe: Arc<WatcherProbe>) {
+        probe.at(self.next_seq());
+        self.probe = Some(probe);
+    }
+
+    /// Going back to the log, counted when tracked.
+    fn fall_back(&mut self) {
+        self.live = false;
+        if let Some(probe) = &self.probe {
+            probe.fell_back();
+        }
     }
 
     /// The first sequence this feed has not yielded: where a subscriber
@@ -210,6 +228,9 @@ impl MarkerFeed {
     /// only await is the ring's `recv`.
     pub async fn next_event(&mut self) -> Result<FeedEvent, FeedEnd> {
         loop {
+            if let Some(probe) = &self.probe {
+                probe.at(self.next_seq());
+            }
             if let Some(marker) = self.backlog.pop_front() {
                 return Ok(FeedEvent::Marker(marker));
             }
@@ -231,7 +252,7 @@ impl MarkerFeed {
                     }
                     if marker.seq > self.next {
                         // Something between is only in the log.
-                        self.live = false;
+                        self.fall_back();
                         continue;
                     }
                     self.next = marker.seq + 1;
@@ -239,7 +260,7 @@ impl MarkerFeed {
                         return Ok(FeedEvent::Marker(marker));
                     }
                 }
-                Err(broadcast::error::RecvError::Lagged(_)) => self.live = false,
+                Err(broadcast::error::RecvError::Lagged(_)) => self.fall_back(),
                 Err(broadcast::error::RecvError::Closed) => {
                     return Err(FeedEnd::Closed { next: self.next });
                 }

@@ -10,9 +10,11 @@ pub mod config;
 pub mod convert;
 pub mod error;
 pub mod hub;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod sessions;
+pub mod transfer;
 pub mod validate;
 
 pub use config::{Cli, Settings};

@@ -23,8 +23,9 @@ use tracing::{error, info, warn};
 
 use crate::BuildInfo;
 use crate::broker::Broker;
-use crate::config::{Cli, Durability, Listen, LogFormat, Settings};
+use crate::config::{Cli, Command, ConfigError, Durability, Listen, LogFormat, LogLine, Settings};
 use crate::hub::Hub;
+use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
 
 /// Why the daemon could not start or stopped with an error.
@@ -54,7 +55,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
     // with the `failpoints` feature.
     #[cfg(feature = "failpoints")]
     let _faults = fail::FailScenario::setup();
-    let cli = match Cli::try_parse_from(args) {
+    let mut cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {
             // Prints help and version too, with their exit codes.
@@ -62,6 +63,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
             return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
         }
     };
+    if let Some(Command::CheckConfig { file }) = cli.command.take() {
+        return check_config(cli, file);
+    }
     let settings = match cli.resolve() {
         Ok(settings) => settings,
         Err(err) => {
@@ -89,6 +93,33 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!(%err, "ctxbrokerd stopped");
+            eprintln!("ctxbrokerd: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `ctxbrokerd check-config FILE`: the settings the daemon would run with,
+/// as TOML on stdout (exit 0), or every problem on stderr (exit 1).
+fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
+    cli.config = Some(file.clone());
+    match cli.resolve() {
+        Ok(settings) => {
+            println!(
+                "# {}: valid. The settings in force with it:",
+                file.display()
+            );
+            print!("{}", crate::config::to_toml(&settings.entries()));
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError::Keys { path, problems }) => {
+            eprintln!("ctxbrokerd: invalid config file {}:", path.display());
+            for problem in problems {
+                eprintln!("  key `{}`: {}", problem.key, problem.message);
+            }
+            ExitCode::FAILURE
+        }
+        Err(err) => {
             eprintln!("ctxbrokerd: {err}");
             ExitCode::FAILURE
         }
@@ -206,15 +237,36 @@ pub async fn run(
     build: BuildInfo,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    info!(
+        settings = %LogLine(&settings.entries()),
+        "effective configuration"
+    );
+    let metrics = Arc::new(Metrics::new(build, settings.metrics_top_sessions));
+    // Bound before the store opens: a taken port fails the start at once.
+    let metrics_listener = match settings.metrics_addr {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|err| {
+            ServerError::Listen(std::io::Error::new(
+                err.kind(),
+                format!("metrics address {addr}: {err}"),
+            ))
+        })?),
+        None => None,
+    };
     let hub = Hub::new();
     let publish = hub.clone();
+    let counted = metrics.clone();
+    let flushes = metrics.clone();
     let options = StoreOptions {
         durability: match settings.durability {
             Durability::Flush => ctxbroker_store::Durability::Flush,
             Durability::Relaxed => ctxbroker_store::Durability::Relaxed,
         },
         marker_retention: settings.limits.marker_retention,
-        on_commit: Some(Arc::new(move |markers| publish.publish(markers))),
+        on_commit: Some(Arc::new(move |markers| {
+            counted.markers(markers);
+            publish.publish(markers);
+        })),
+        on_flush: Some(Arc::new(move |took| flushes.flushed(took))),
         ..StoreOptions::default()
     };
     let data_dir = settings.data_dir.clone();
@@ -241,7 +293,8 @@ pub async fn run(
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
     let streams_end = CancellationToken::new();
     let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
-    let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability);
+    let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability)
+        .with_metrics(metrics.clone());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -268,9 +321,29 @@ pub async fn run(
         .build_v1alpha()
         .map_err(|err| ServerError::Reflection(err.to_string()))?;
 
-    let broker_service = ContextBrokerServer::new(service)
-        .max_decoding_message_size(settings.limits.max_request_bytes)
-        .max_encoding_message_size(usize::MAX);
+    let broker_service = Timed::new(
+        ContextBrokerServer::new(service)
+            .max_decoding_message_size(settings.limits.max_request_bytes)
+            .max_encoding_message_size(usize::MAX),
+        metrics.clone(),
+        settings.request_timeout,
+    );
+
+    // Metrics stay up through the drain and stop with the daemon.
+    let metrics_end = CancellationToken::new();
+    let metrics_task = match metrics_listener {
+        Some(listener) => {
+            let bound = listener.local_addr().map_err(ServerError::Listen)?;
+            info!(metrics_addr = %bound, "metrics served at http://{bound}/metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                listener,
+                metrics.clone(),
+                store.clone(),
+                metrics_end.clone(),
+            )))
+        }
+        None => None,
+    };
 
     let local = listener.local_addr().map_err(ServerError::Listen)?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -329,6 +402,10 @@ pub async fn run(
         .await
         .map_err(|err| ServerError::Store(ctxbroker_store::StoreError::Io(err.to_string())))?;
     info!("store flushed and closed");
+    metrics_end.cancel();
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
     served?;
     closed?;
     info!("stopped");

@@ -11,7 +11,7 @@ use ctxbroker_proto::v1::context_broker_server::ContextBroker;
 use ctxbroker_store::SpanState;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
@@ -21,6 +21,7 @@ use crate::config::Durability;
 use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb};
 use crate::error::{ApiError, BadField};
 use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
+use crate::metrics::Metrics;
 use crate::validate;
 
 /// Replies buffered per stream before the stream's task waits for the
@@ -43,6 +44,7 @@ pub struct BrokerService {
     build: BuildInfo,
     started_at_ms: u64,
     durability: Durability,
+    metrics: Arc<Metrics>,
 }
 
 impl BrokerService {
@@ -63,7 +65,14 @@ impl BrokerService {
             build,
             started_at_ms: now_ms(),
             durability,
+            metrics: Arc::new(Metrics::new(build, 0)),
         }
+    }
+
+    /// Records admissions and watches in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     fn stream_permit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
@@ -85,6 +94,12 @@ impl BrokerService {
     }
 
     async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
+        let result = self.admit_checked(req).await;
+        self.metrics.admission(&result);
+        result
+    }
+
+    async fn admit_checked(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
         let mut bad = Vec::new();
         if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
             bad.push(b);
@@ -137,6 +152,102 @@ fn feed_end_status(end: FeedEnd) -> Status {
         }
         .into(),
         FeedEnd::Store(err) => err.into(),
+    }
+}
+
+/// What a watch's next step found.
+enum WatchStep {
+    /// The feed's next event, or why it ended.
+    Event(Result<FeedEvent, FeedEnd>),
+    /// The daemon is shutting down.
+    Shutdown,
+}
+
+/// Waits for the feed's next event unless shutdown comes first, and hands
+/// the feed back with it.
+async fn watch_step(mut feed: MarkerFeed, shutdown: CancellationToken) -> (MarkerFeed, WatchStep) {
+    let step = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => WatchStep::Shutdown,
+        event = feed.next_event() => WatchStep::Event(event),
+    };
+    (feed, step)
+}
+
+/// A watch's response stream: the marker feed itself, read only when the
+/// transport asks for the next message, that is when the client can take
+/// it. No task and no buffer stand between the hub and the connection, so
+/// a delivery costs one wake-up, and a client that stops reading stops
+/// its feed, which then falls back to the log (never a lost marker).
+pub struct WatchStream {
+    next: ReusableBoxFuture<'static, (MarkerFeed, WatchStep)>,
+    shutdown: CancellationToken,
+    /// Ended: after the shutdown status or the feed's end.
+    ended: bool,
+    /// Held for the stream's life: counts against `max_concurrent_streams`.
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for WatchStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchStream")
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchStream {
+    fn new(feed: MarkerFeed, shutdown: CancellationToken, permit: OwnedSemaphorePermit) -> Self {
+        WatchStream {
+            next: ReusableBoxFuture::new(watch_step(feed, shutdown.clone())),
+            shutdown,
+            ended: false,
+            _permit: permit,
+        }
+    }
+}
+
+impl tokio_stream::Stream for WatchStream {
+    type Item = Result<pb::WatchCompactionsResponse, Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let Poll::Ready((feed, step)) = self.next.poll(cx) else {
+            return Poll::Pending;
+        };
+        let event = match step {
+            WatchStep::Shutdown => {
+                self.ended = true;
+                let status: Status = ApiError::ShuttingDown {
+                    resume_from_seq: Some(feed.next_seq()),
+                }
+                .into();
+                return Poll::Ready(Some(Err(status)));
+            }
+            WatchStep::Event(Ok(FeedEvent::Marker(marker))) => {
+                pb::watch_compactions_response::Event::Marker(marker_to_pb(&marker))
+            }
+            WatchStep::Event(Ok(FeedEvent::CaughtUp(next_seq))) => {
+                pb::watch_compactions_response::Event::CaughtUp(pb::CaughtUp { next_seq })
+            }
+            WatchStep::Event(Err(end)) => {
+                self.ended = true;
+                return Poll::Ready(Some(Err(feed_end_status(end))));
+            }
+        };
+        // The next step is set up now but runs only when polled: a client
+        // that does not read leaves the feed untouched.
+        let shutdown = self.shutdown.clone();
+        self.next.set(watch_step(feed, shutdown));
+        Poll::Ready(Some(Ok(pb::WatchCompactionsResponse {
+            event: Some(event),
+        })))
     }
 }
 
@@ -547,7 +658,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
-    type WatchCompactionsStream = ReceiverStream<Result<pb::WatchCompactionsResponse, Status>>;
+    type WatchCompactionsStream = WatchStream;
 
     async fn watch_compactions(
         &self,
@@ -591,55 +702,12 @@ impl ContextBroker for BrokerService {
         let filter = (!req.session_ids.is_empty())
             .then(|| req.session_ids.iter().cloned().collect::<HashSet<_>>());
         let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?;
-        let (out, rx) = mpsc::channel(STREAM_BUFFER);
-        let shutdown = self.shutdown.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            loop {
-                let event = tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => {
-                        let status: Status = ApiError::ShuttingDown {
-                            resume_from_seq: Some(feed.next_seq()),
-                        }
-                        .into();
-                        let _ = out.try_send(Err(status));
-                        break;
-                    }
-                    () = out.closed() => break,
-                    event = feed.next_event() => event,
-                };
-                // Where to resume if this event does not reach the client.
-                let (item, undelivered) = match event {
-                    Ok(FeedEvent::Marker(marker)) => (
-                        pb::watch_compactions_response::Event::Marker(marker_to_pb(&marker)),
-                        marker.seq,
-                    ),
-                    Ok(FeedEvent::CaughtUp(next_seq)) => (
-                        pb::watch_compactions_response::Event::CaughtUp(pb::CaughtUp { next_seq }),
-                        feed.next_seq(),
-                    ),
-                    Err(end) => {
-                        let _ = out.try_send(Err(feed_end_status(end)));
-                        break;
-                    }
-                };
-                let item = pb::WatchCompactionsResponse { event: Some(item) };
-                if !send(&out, Ok(item), &shutdown).await {
-                    if shutdown.is_cancelled() {
-                        let status: Status = ApiError::ShuttingDown {
-                            resume_from_seq: Some(undelivered),
-                        }
-                        .into();
-                        // A client too slow to take this learns where to
-                        // resume from the last marker it did receive.
-                        let _ = out.try_send(Err(status));
-                    }
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        feed.track(self.metrics.watcher(feed.next_seq()));
+        Ok(Response::new(WatchStream::new(
+            feed,
+            self.shutdown.clone(),
+            permit,
+        )))
     }
 
     async fn select_trigger(
@@ -708,5 +776,21 @@ impl ContextBroker for BrokerService {
             next_marker_seq: bounds.next,
             oldest_marker_seq: bounds.oldest,
         }))
+    }
+
+    async fn export_session(
+        &self,
+        request: Request<pb::ExportSessionRequest>,
+    ) -> Result<Response<pb::ExportSessionResponse>, Status> {
+        let reply = crate::transfer::export_session(&self.broker, request.into_inner()).await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn import_session(
+        &self,
+        request: Request<pb::ImportSessionRequest>,
+    ) -> Result<Response<pb::ImportSessionResponse>, Status> {
+        let reply = crate::transfer::import_session(&self.broker, request.into_inner()).await?;
+        Ok(Response::new(reply))
     }
 }

@@ -1,16 +1,35 @@
 //! The registry of sessions held in memory, and per-session serialisation:
 //! one async mutex per session, so that a session's requests take turns
 //! while sessions proceed in parallel.
+//!
+//! # The resident set
+//!
+//! A session is loaded from the store on its first request and kept in
+//! memory between requests, so that its next request needs no read. The
+//! sessions kept are bounded by an estimate of their bytes (the setting
+//! `session_cache_bytes`): when a request's turn ends and the idle
+//! sessions in memory exceed it, the least recently used ones are dropped
+//! from memory. Only a session nobody holds or waits for is dropped, so a
+//! request never loses its turn to eviction; the session just released
+//! stays (it is the most recently used). A dropped session is reloaded
+//! from the store on its next request, exactly: memory only ever holds
+//! what the store acknowledged (`Session::new(record, live spans)`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::session::Session;
+use ctxbroker_core::span::Span;
 use ctxbroker_store::Store;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::error::ApiError;
+
+/// The default of `session_cache_bytes`: 64 MiB of idle sessions, about a
+/// hundred sessions of a thousand 400-byte spans.
+pub const DEFAULT_SESSION_CACHE_BYTES: u64 = 64 << 20;
 
 /// A session as the server holds it between requests, mirroring what the
 /// store acknowledged.
@@ -28,29 +47,299 @@ pub struct Loaded {
 
 type Slot = Arc<AsyncMutex<Option<Loaded>>>;
 
-/// The session's turn: while it is held, no other request of the same
-/// session runs.
-pub type SessionGuard = OwnedMappedMutexGuard<Option<Loaded>, Loaded>;
+/// One id's place in the registry.
+#[derive(Debug)]
+struct Entry {
+    slot: Slot,
+    /// The estimated bytes of the session in the slot as of the end of its
+    /// last turn; 0 while empty.
+    bytes: u64,
+    /// The revision that estimate was made at: a read-only turn leaves the
+    /// session as it was and is not estimated again.
+    revision: Option<u64>,
+    /// Its key in `Registry::order`.
+    used: u64,
+}
 
-/// The sessions held in memory, loaded on first use.
+/// The slots, and the order in which they were last used.
 #[derive(Debug, Default)]
+struct Registry {
+    entries: HashMap<String, Entry>,
+    /// Ids by the tick of their last use, least recent first.
+    order: BTreeMap<u64, String>,
+    /// The next tick.
+    tick: u64,
+    /// The sum of the entries' `bytes`.
+    bytes: u64,
+}
+
+impl Registry {
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The slot for `id`, created empty when absent.
+    fn slot(&mut self, id: &str) -> Slot {
+        if let Some(entry) = self.entries.get(id) {
+            return Arc::clone(&entry.slot);
+        }
+        let used = self.next_tick();
+        let slot: Slot = Arc::new(AsyncMutex::new(None));
+        self.order.insert(used, id.to_owned());
+        self.entries.insert(
+            id.to_owned(),
+            Entry {
+                slot: Arc::clone(&slot),
+                bytes: 0,
+                revision: None,
+                used,
+            },
+        );
+        slot
+    }
+
+    /// Removes `id`'s entry when it is still `slot` (or any slot, when
+    /// `slot` is `None`).
+    fn remove(&mut self, id: &str, slot: Option<&Slot>) {
+        let held = self
+            .entries
+            .get(id)
+            .is_some_and(|entry| slot.is_none_or(|slot| Arc::ptr_eq(&entry.slot, slot)));
+        if !held {
+            return;
+        }
+        if let Some(entry) = self.entries.remove(id) {
+            self.order.remove(&entry.used);
+            self.bytes -= entry.bytes;
+        }
+    }
+
+    /// Removes `id`'s entry when it is `slot` and nobody but the registry
+    /// and the caller (who holds `slot`) refers to it.
+    fn remove_unused(&mut self, id: &str, slot: &Slot) {
+        if Arc::strong_count(slot) == 2 {
+            self.remove(id, Some(slot));
+        }
+    }
+
+    /// Records the end of a turn on `slot`: its session's size and that it
+    /// is now the most recently used; then drops idle sessions, least
+    /// recently used first, while over `budget`.
+    fn release(&mut self, id: &str, slot: &Slot, held: Option<&Loaded>, budget: u64) {
+        let used = self.next_tick();
+        let Some(entry) = self.entries.get_mut(id) else {
+            return;
+        };
+        if !Arc::ptr_eq(&entry.slot, slot) {
+            // Deleted (and maybe created again) meanwhile.
+            return;
+        }
+        let (bytes, revision) = match held {
+            Some(loaded) if loaded.gone => (0, None),
+            Some(loaded) => {
+                let revision = loaded.session.record.revision;
+                if entry.revision == Some(revision) && !loaded.stale {
+                    (entry.bytes, entry.revision)
+                } else {
+                    (estimate(&loaded.session), Some(revision))
+                }
+            }
+            None => (0, None),
+        };
+        self.bytes = self.bytes - entry.bytes + bytes;
+        entry.bytes = bytes;
+        entry.revision = revision;
+        let previous = std::mem::replace(&mut entry.used, used);
+        self.order.remove(&previous);
+        self.order.insert(used, id.to_owned());
+        self.evict(budget);
+    }
+
+    /// Drops idle sessions, least recently used first, until the resident
+    /// bytes are within `budget` or no idle session is left. A slot only
+    /// the registry refers to is idle: whoever holds or waits for a turn
+    /// holds a reference, and references are only taken under the
+    /// registry's lock, which the caller holds.
+    fn evict(&mut self, budget: u64) {
+        if self.bytes <= budget {
+            return;
+        }
+        let mut idle = Vec::new();
+        let mut freed = 0;
+        for id in self.order.values() {
+            if self.bytes - freed <= budget {
+                break;
+            }
+            if let Some(entry) = self.entries.get(id)
+                && Arc::strong_count(&entry.slot) == 1
+            {
+                freed += entry.bytes;
+                idle.push(id.clone());
+            }
+        }
+        for id in idle {
+            self.remove(&id, None);
+        }
+    }
+}
+
+/// An estimate of the heap a session holds: the span structs, their texts
+/// and everything else they own, with a word of allocator overhead per
+/// allocation.
+fn estimate(session: &Session) -> u64 {
+    const ALLOCATION: usize = 16;
+    let heap = |capacity: usize| {
+        if capacity == 0 {
+            0
+        } else {
+            capacity + ALLOCATION
+        }
+    };
+    let strings = |list: &[String]| {
+        heap(size_of_val(list)) + list.iter().map(|s| heap(s.len())).sum::<usize>()
+    };
+    let span_heap = |span: &Span| {
+        let mut bytes = heap(span.text.capacity()) + heap(span.classification.rule.capacity());
+        if let Some(predicate) = &span.predicate {
+            bytes += strings(&predicate.required_terms);
+        }
+        if let Some(summary) = &span.summary {
+            bytes += heap(size_of_val(summary.covers.as_slice())) + strings(&summary.anchors);
+        }
+        if let Some(original) = &span.original {
+            bytes += heap(original.text.capacity());
+        }
+        bytes
+    };
+    let record = size_of::<Loaded>() + heap(session.record.id.len()) + 256;
+    let spans = heap(session.spans.capacity() * size_of::<Span>())
+        + session.spans.iter().map(span_heap).sum::<usize>();
+    (record + spans) as u64
+}
+
+/// The session's turn: while it is held, no other request of the same
+/// session runs. When it ends, the session counts as the most recently
+/// used, and idle sessions beyond the cache's budget leave memory.
+#[derive(Debug)]
+pub struct SessionGuard {
+    guard: OwnedMappedMutexGuard<Option<Loaded>, Loaded>,
+    release: Release,
+}
+
+/// The turn of an id that may not exist yet, for creation: `None` inside
+/// when no session is held in memory (the store decides whether it
+/// exists).
+#[derive(Debug)]
+pub struct CreateGuard {
+    guard: OwnedMutexGuard<Option<Loaded>>,
+    release: Release,
+}
+
+/// What a turn's end updates.
+#[derive(Debug)]
+struct Release {
+    registry: Arc<Mutex<Registry>>,
+    id: String,
+    slot: Slot,
+    budget: u64,
+}
+
+impl Release {
+    /// Runs while the turn is still held (the guard is dropped after): the
+    /// estimate sees the session as the turn left it, and eviction, which
+    /// only takes slots nobody refers to, never takes this one.
+    fn run(&self, held: Option<&Loaded>) {
+        lock(&self.registry).release(&self.id, &self.slot, held, self.budget);
+    }
+}
+
+impl Deref for SessionGuard {
+    type Target = Loaded;
+
+    fn deref(&self) -> &Loaded {
+        &self.guard
+    }
+}
+
+impl DerefMut for SessionGuard {
+    fn deref_mut(&mut self) -> &mut Loaded {
+        &mut self.guard
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.release.run(Some(&self.guard));
+    }
+}
+
+impl Deref for CreateGuard {
+    type Target = Option<Loaded>;
+
+    fn deref(&self) -> &Option<Loaded> {
+        &self.guard
+    }
+}
+
+impl DerefMut for CreateGuard {
+    fn deref_mut(&mut self) -> &mut Option<Loaded> {
+        &mut self.guard
+    }
+}
+
+impl Drop for CreateGuard {
+    fn drop(&mut self) {
+        self.release.run(self.guard.as_ref());
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The sessions held in memory, loaded on first use, the idle ones bounded
+/// by an estimate of their bytes.
+#[derive(Debug)]
 pub struct Sessions {
-    slots: Mutex<HashMap<String, Slot>>,
+    registry: Arc<Mutex<Registry>>,
+    /// Bytes of sessions kept in memory between requests.
+    budget: u64,
     /// Each known session's tokenizer, fixed at creation: a turn is counted
     /// before its session's turn is taken, without waiting for the lock.
     tokenizers: Mutex<HashMap<String, TokenizerKind>>,
 }
 
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::new(DEFAULT_SESSION_CACHE_BYTES)
+    }
+}
+
 impl Sessions {
+    /// A registry that keeps about `cache_bytes` of idle sessions in
+    /// memory.
+    pub fn new(cache_bytes: u64) -> Self {
+        Sessions {
+            registry: Arc::default(),
+            budget: cache_bytes,
+            tokenizers: Mutex::default(),
+        }
+    }
+
     fn slot(&self, id: &str) -> Slot {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        slots
-            .entry(id.to_owned())
-            .or_insert_with(|| Arc::new(AsyncMutex::new(None)))
-            .clone()
+        lock(&self.registry).slot(id)
+    }
+
+    fn release(&self, id: &str, slot: &Slot) -> Release {
+        Release {
+            registry: Arc::clone(&self.registry),
+            id: id.to_owned(),
+            slot: Arc::clone(slot),
+            budget: self.budget,
+        }
     }
 
     /// Loads the session into its held slot when the slot is empty or
@@ -70,13 +359,21 @@ impl Sessions {
     }
 
     fn forget(&self, id: &str, slot: &Slot) {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if slots.get(id).is_some_and(|held| Arc::ptr_eq(held, slot)) {
-            slots.remove(id);
-        }
+        lock(&self.registry).remove(id, Some(slot));
+    }
+
+    /// Wraps a held, filled slot as the session's turn.
+    fn turn(
+        &self,
+        id: &str,
+        slot: &Slot,
+        guard: OwnedMutexGuard<Option<Loaded>>,
+    ) -> Option<SessionGuard> {
+        let guard = OwnedMutexGuard::try_map(guard, Option::as_mut).ok()?;
+        Some(SessionGuard {
+            guard,
+            release: self.release(id, slot),
+        })
     }
 
     /// Waits for the session's turn and returns it, loading the session from
@@ -97,15 +394,16 @@ impl Sessions {
                 self.forget(id, &slot);
                 return Err(ApiError::SessionNotFound(id.to_owned()));
             }
-            return OwnedMutexGuard::try_map(guard, Option::as_mut)
-                .map_err(|_| ApiError::SessionNotFound(id.to_owned()));
+            return self
+                .turn(id, &slot, guard)
+                .ok_or_else(|| ApiError::SessionNotFound(id.to_owned()));
         }
     }
 
     /// Waits for the turn of an id that may not exist yet, for creation.
-    /// Returns the raw slot guard: `None` inside when no session is held
-    /// in memory (the store decides whether it exists).
-    pub async fn lock_for_create(&self, id: &str) -> OwnedMutexGuard<Option<Loaded>> {
+    /// Holds `None` when no session is held in memory (the store decides
+    /// whether it exists).
+    pub async fn lock_for_create(&self, id: &str) -> CreateGuard {
         loop {
             let slot = self.slot(id);
             let guard = slot.clone().lock_owned().await;
@@ -114,7 +412,10 @@ impl Sessions {
                 self.forget(id, &slot);
                 continue;
             }
-            return guard;
+            return CreateGuard {
+                guard,
+                release: self.release(id, &slot),
+            };
         }
     }
 
@@ -123,12 +424,7 @@ impl Sessions {
     /// does not exist. A session deleted and created again meanwhile may
     /// have another; the caller checks again under the lock.
     pub fn tokenizer(&self, store: &Store, id: &str) -> Result<TokenizerKind, ApiError> {
-        let known = self
-            .tokenizers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(id)
-            .copied();
+        let known = lock(&self.tokenizers).get(id).copied();
         if let Some(kind) = known {
             return Ok(kind);
         }
@@ -142,30 +438,24 @@ impl Sessions {
 
     /// Records a session's tokenizer (on create and load).
     pub fn remember_tokenizer(&self, id: &str, kind: TokenizerKind) {
-        self.tokenizers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id.to_owned(), kind);
+        lock(&self.tokenizers).insert(id.to_owned(), kind);
     }
 
     /// Marks a locked session deleted and drops it from the registry.
     pub fn remove(&self, id: &str, guard: &mut SessionGuard) {
         guard.gone = true;
-        self.tokenizers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(id);
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        slots.remove(id);
+        lock(&self.tokenizers).remove(id);
+        lock(&self.registry).remove(id, Some(&guard.release.slot));
     }
 
     /// The session's turn if nobody holds it, loading it when it is not
     /// in memory: for background work, which must never queue behind a
-    /// request. `Ok(None)` when the session is busy or being deleted;
-    /// NotFound when the store does not hold it.
+    /// request. `Ok(None)` when the session is busy or being deleted, and
+    /// when it is not in memory and its record says the background has
+    /// nothing to do for it (the staleness guard is not due: see
+    /// [`Session::staleness_due`]), so that the guard's tick does not
+    /// load every guarded session the cache let go. NotFound when the
+    /// store does not hold it.
     pub fn try_lock(&self, store: &Store, id: &str) -> Result<Option<SessionGuard>, ApiError> {
         let slot = self.slot(id);
         let Ok(mut guard) = slot.clone().try_lock_owned() else {
@@ -174,20 +464,43 @@ impl Sessions {
         if guard.as_ref().is_some_and(|l| l.gone) {
             return Ok(None);
         }
+        if guard.is_none() {
+            let Some(record) = store.session(id)? else {
+                drop(guard);
+                self.forget(id, &slot);
+                return Err(ApiError::SessionNotFound(id.to_owned()));
+            };
+            let now = crate::broker::now_ms();
+            if !Session::new(record, Vec::new()).staleness_due(now) {
+                // Not loaded; the empty slot leaves the registry unless a
+                // request is already waiting for it.
+                drop(guard);
+                lock(&self.registry).remove_unused(id, &slot);
+                return Ok(None);
+            }
+        }
         if !self.fill(store, id, &mut guard)? {
             drop(guard);
             self.forget(id, &slot);
             return Err(ApiError::SessionNotFound(id.to_owned()));
         }
-        Ok(OwnedMutexGuard::try_map(guard, Option::as_mut).ok())
+        Ok(self.turn(id, &slot, guard))
     }
 
     /// How many sessions are held in memory.
     pub fn resident(&self) -> usize {
-        self.slots
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .len()
+        let registry = lock(&self.registry);
+        registry
+            .entries
+            .values()
+            .filter(|entry| entry.bytes > 0 || Arc::strong_count(&entry.slot) > 1)
+            .count()
+    }
+
+    /// The estimated bytes of the sessions held in memory, as of the end of
+    /// their last turns.
+    pub fn resident_bytes(&self) -> u64 {
+        lock(&self.registry).bytes
     }
 }
 

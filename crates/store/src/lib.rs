@@ -48,6 +48,7 @@ mod keys;
 mod model;
 mod record;
 mod store;
+pub mod transfer;
 mod writer;
 
 #[cfg(test)]
@@ -58,10 +59,11 @@ extern crate self as ctxbroker_store;
 
 pub use error::StoreError;
 pub use model::{
-    AdmitWrite, CommitHook, CompactionWrite, Durability, MarkerBounds, Pin, SessionRecord,
-    SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
+    AdmitWrite, CommitHook, CompactionWrite, Durability, FlushObserver, MarkerBounds, Pin,
+    SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
 };
 pub use store::Store;
+pub use transfer::{InvalidSnapshot, SessionExport, SessionImport, SnapshotPart};
 
 /// Whether the named fault is injected now. Only builds with the
 /// `failpoints` feature inject faults (configured by `FAILPOINTS`, as the

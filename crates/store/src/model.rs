@@ -186,6 +186,12 @@ pub enum Durability {
 /// the server feeds its live watchers from it.
 pub type CommitHook = Arc<dyn Fn(&[Marker]) + Send + Sync>;
 
+/// The function the flusher calls after each flush of the engine with how
+/// long it took; the server feeds its flush-latency histogram from it. It
+/// runs on the flusher thread between the flush and the acknowledgements,
+/// so it must be cheap and must not block.
+pub type FlushObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
+
 /// How a store runs.
 #[derive(Clone)]
 pub struct StoreOptions {
@@ -203,7 +209,13 @@ pub struct StoreOptions {
     /// hold a `Store` handle: a store kept alive by its own hook is only
     /// shut down by an explicit [`Store::close`](crate::Store::close).
     pub on_commit: Option<CommitHook>,
-    /// The engine's page cache, in bytes.
+    /// Told the duration of every successful flush of the engine.
+    pub on_flush: Option<FlushObserver>,
+    /// The engine's page cache, in bytes. The engine counts a page by
+    /// its size on disk, and up to 64 recent reads per cache shard before
+    /// it evicts, so the memory it takes runs to about twice this. The
+    /// server keeps the sessions it serves in memory itself, so this
+    /// cache mostly serves the writer's reads and reloads.
     pub cache_capacity_bytes: u64,
 }
 
@@ -214,7 +226,8 @@ impl Default for StoreOptions {
             marker_retention: 1_000_000,
             max_batch: 1024,
             on_commit: None,
-            cache_capacity_bytes: 256 * 1024 * 1024,
+            on_flush: None,
+            cache_capacity_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -229,6 +242,7 @@ impl fmt::Debug for StoreOptions {
                 "on_commit",
                 &self.on_commit.as_ref().map(|_| "Fn(&[Marker])"),
             )
+            .field("on_flush", &self.on_flush.as_ref().map(|_| "Fn(Duration)"))
             .field("cache_capacity_bytes", &self.cache_capacity_bytes)
             .finish()
     }

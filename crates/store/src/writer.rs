@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{
-    AdmitWrite, CommitHook, CompactionWrite, Durability, MarkerBounds, SessionRecord, StoreStats,
-    WriteAck, WriteOp,
+    AdmitWrite, CommitHook, CompactionWrite, Durability, FlushObserver, MarkerBounds,
+    SessionRecord, StoreStats, WriteAck, WriteOp,
 };
 use crate::record;
 
@@ -146,8 +146,19 @@ pub(crate) type Ack = oneshot::Sender<Result<WriteAck, StoreError>>;
 /// A write waiting for the writer, with where to send its outcome.
 #[derive(Debug)]
 pub(crate) struct Request {
-    pub(crate) op: WriteOp,
+    pub(crate) op: Op,
     pub(crate) ack: Ack,
+}
+
+/// What the writer applies: a public write, or an import of a whole
+/// session (`transfer.rs`), which only the store itself builds.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // as for `WriteOp`: moved once into the queue.
+pub(crate) enum Op {
+    /// A [`WriteOp`].
+    Write(WriteOp),
+    /// A checked snapshot to write as a new session.
+    Import(Box<crate::transfer::SessionImport>),
 }
 
 /// What goes through the writer's queue.
@@ -352,6 +363,8 @@ pub(crate) struct Flusher {
     pub(crate) rx: std::sync::mpsc::Receiver<Applied>,
     pub(crate) durability: Durability,
     pub(crate) hook: Option<CommitHook>,
+    /// Told how long each successful flush took.
+    pub(crate) on_flush: Option<FlushObserver>,
     /// Markers applied but not yet handed to the hook, because the flush
     /// that should have covered them failed; the next successful flush
     /// covers them.
@@ -438,7 +451,7 @@ impl Flusher {
             self.commit(group);
         }
         self.shared.flushes.fetch_add(1, Ordering::Relaxed);
-        self.db.flush().map_err(StoreError::engine)?;
+        self.flush()?;
         self.epoch_file.record(self.epoch)?;
         self.publish();
         Ok(())
@@ -457,7 +470,7 @@ impl Flusher {
             let flushed = if crate::fault("store::before_flush") {
                 Err(StoreError::Io("injected fault before the flush".into()))
             } else {
-                self.db.flush().map_err(StoreError::engine)
+                self.flush()
             };
             if let Err(err) = flushed {
                 let err = StoreError::Io(format!(
@@ -486,6 +499,17 @@ impl Flusher {
             // The caller may have stopped waiting; the write stands.
             let _ = ack.send(Ok(outcome));
         }
+    }
+
+    /// Flushes the engine, telling the observer how long a successful
+    /// flush took.
+    fn flush(&self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        self.db.flush().map_err(StoreError::engine)?;
+        if let Some(observe) = &self.on_flush {
+            observe(started.elapsed());
+        }
+        Ok(())
     }
 
     /// Moves the committed head over the markers that became durable, then
@@ -561,7 +585,7 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
 /// The batch's writes so far, over the stored state: every check reads
 /// through it, so a write sees the writes accepted before it in the batch.
 /// The current write's changes stay apart until it is accepted.
-struct Stage<'a> {
+pub(crate) struct Stage<'a> {
     trees: &'a Trees,
     batch: Writes,
     op: Writes,
@@ -576,7 +600,7 @@ impl<'a> Stage<'a> {
         }
     }
 
-    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    pub(crate) fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let staged = (tree, key.to_vec());
         if let Some(value) = self.op.get(&staged).or_else(|| self.batch.get(&staged)) {
             return Ok(value.clone());
@@ -608,7 +632,11 @@ impl<'a> Stage<'a> {
     }
 
     /// Every live key under `prefix`, in key order, without the values.
-    fn scan_keys(&self, tree: TreeId, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+    pub(crate) fn scan_keys(
+        &self,
+        tree: TreeId,
+        prefix: &[u8],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut merged: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
         for entry in self.trees.tree(tree).scan_prefix(prefix).keys() {
             merged.insert(entry.map_err(StoreError::engine)?.to_vec(), true);
@@ -628,7 +656,7 @@ impl<'a> Stage<'a> {
             .collect())
     }
 
-    fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Vec<u8>) {
+    pub(crate) fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Vec<u8>) {
         self.op.insert((tree, key), Some(value));
     }
 
@@ -654,9 +682,9 @@ impl<'a> Stage<'a> {
 
 /// What an accepted write changes besides its keys.
 #[derive(Default)]
-struct Effects {
+pub(crate) struct Effects {
     markers: Vec<Marker>,
-    sessions: i64,
+    pub(crate) sessions: i64,
 }
 
 fn invalid(session: &str, detail: String) -> StoreError {
@@ -863,10 +891,14 @@ fn put_marker(stage: &mut Stage<'_>, mut marker: Marker, seq: u64, effects: &mut
 /// `seq` is the seq its marker gets, if it writes one.
 fn apply(
     stage: &mut Stage<'_>,
-    op: WriteOp,
+    op: Op,
     seq: u64,
     effects: &mut Effects,
 ) -> Result<WriteAck, StoreError> {
+    let op = match op {
+        Op::Write(op) => op,
+        Op::Import(import) => return crate::transfer::stage_import(stage, *import, effects),
+    };
     match op {
         WriteOp::CreateSession { record } => {
             keys::check_session_id(&record.id)?;
