@@ -3,5 +3,11 @@
 //! ratios mean much). Every subcommand of the binary is a function here,
 //! so the smoke tests run the same code on small inputs.
 
+pub mod admit;
 pub mod common;
+pub mod daemon;
+pub mod plan;
+pub mod replay;
+pub mod storage;
+pub mod tokens;
 pub mod watch;

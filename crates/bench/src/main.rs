@@ -3,14 +3,29 @@
 //! (the machine is shared; only same-run ratios mean much).
 //!
 //! ```text
+//! ctxbroker-bench admit [--duration S] [--clients N] [--sessions N] ... (--help)
+//! ctxbroker-bench watch [--watchers N] [--duration S] ... (--help)
 //! ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]
+//! ctxbroker-bench plan [SIZES] [REPEATS]
+//! ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]
+//! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]
+//! ctxbroker-bench storage [--sessions N] [--spans N] [--daemon PATH] [--dir DIR] [--reuse] ...
 //! ```
 //!
-//! `stalled-watcher`: admission latency with no watcher, and with a watcher
-//! that opened a stream and never reads it, in alternating rounds of
-//! `TURNS` admissions (default 1,000 × 4 rounds each). Every admission
-//! compacts often enough to write a marker every few turns, so the stalled
-//! stream falls far behind.
+//! `admit`: admission throughput and latency under a realistic turn mix,
+//! against the no-op floor, relaxed durability and Redis (`admit.rs`).
+//! `watch`: marker delivery to many watchers while admissions run, and a
+//! stalled watcher's effect on admissions (`watch.rs`).
+//! `stalled-watcher`: that last part of `watch` alone: admission latency
+//! with no watcher, and with one that opened a stream and never reads it,
+//! in alternating rounds of `TURNS` admissions (default 1,000 × 4 rounds).
+//!
+//! `plan`: the admission that must compact a session of N live spans
+//! (default 1k, 10k, 100k, 1M; `SIZES` comma-separated), in process:
+//! planning, applying and verifying, with the growth against n·log n.
+//!
+//! `tokens`: the token counter against tiktoken-rs on a fixed corpus and
+//! on adversarial input, for o200k_base and cl100k_base.
 
 use ctxbroker_bench::common::Failure;
 use ctxbroker_bench::watch;
@@ -20,9 +35,32 @@ async fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
+        Some("admit") => ctxbroker_bench::admit::admit_main(rest).await,
+        Some("daemon") => ctxbroker_bench::daemon::daemon_main(rest).await,
         Some("stalled-watcher") => watch::stalled_watcher_main(rest).await,
+        Some("watch") => watch::watch_main(rest).await,
+        Some("plan") => ctxbroker_bench::plan::plan_main(rest),
+        Some("tokens") => ctxbroker_bench::tokens::tokens_main(rest),
+        Some("replay") => ctxbroker_bench::replay::replay_main(rest),
+        Some("storage") => ctxbroker_bench::storage::storage_main(rest).await,
         _ => {
-            eprintln!("usage: ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]");
+            eprintln!(
+                "usage: ctxbroker-bench admit [--duration S] [--clients N] [--sessions N] ... (--help)"
+            );
+            eprintln!(
+                "       ctxbroker-bench watch [--watchers N] [--rate R] [--duration S] ... (--help)"
+            );
+            eprintln!("       ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]");
+            eprintln!("       ctxbroker-bench plan [SIZES] [REPEATS]");
+            eprintln!(
+                "       ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]"
+            );
+            eprintln!(
+                "       ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]"
+            );
+            eprintln!(
+                "       ctxbroker-bench storage [--sessions N] [--spans N] [--clients N] [--restarts N] [--verify N] [--sample N] [--daemon PATH] [--dir DIR] [--reuse] [--populate-durability flush|relaxed] [--daemon-arg ARG]..."
+            );
             std::process::exit(2);
         }
     }

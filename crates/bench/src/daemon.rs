@@ -1,0 +1,357 @@
+//! A daemon in a child process, so that the CPU time and the peak memory
+//! measured are the daemon's alone, and the tools to read them.
+//!
+//! The child is this very binary, re-executed with the hidden `daemon`
+//! subcommand: it binds `127.0.0.1:0`, prints `listening ADDR` on stdout
+//! and serves `ctxbroker_server::run` — the code `ctxbrokerd` runs — until
+//! its stdin closes (the parent dropping its handle, or dying). No second
+//! binary is needed, and no daemon outlives its run.
+//!
+//! `CTXBROKER_BENCH_DAEMON_WRAPPER`, when set, is a command line the
+//! daemon runs under (a profiler: `valgrind --tool=callgrind`, `perf
+//! record -g --`).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ctxbroker_server::config::Durability;
+use ctxbroker_server::{BuildInfo, Settings};
+
+use crate::common::Failure;
+
+/// How long a child may take to print its address, or to stop once asked.
+const PROCESS_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `daemon --durability flush|relaxed --data-dir DIR`: serves until stdin
+/// closes. Hidden: the measurements start it themselves.
+pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
+    let mut durability = Durability::Flush;
+    let mut data_dir: Option<PathBuf> = None;
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("daemon: {flag} needs a value"))?;
+        match flag.as_str() {
+            "--durability" => durability = parse_durability(value)?,
+            "--data-dir" => data_dir = Some(PathBuf::from(value)),
+            other => return Err(format!("daemon: unknown flag {other}").into()),
+        }
+    }
+    let data_dir = data_dir.ok_or("daemon: --data-dir is required")?;
+    let settings = Settings {
+        data_dir,
+        durability,
+        ..Settings::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    println!("listening {addr}");
+    let build = BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        git_commit: "bench",
+        contract_digest: "bench",
+    };
+    // Stops when the parent closes our stdin or goes away.
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("stdin-watch".into())
+        .spawn(move || {
+            let mut sink = [0u8; 64];
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+        })?;
+    let shutdown = async move {
+        let _ = closed_rx.await;
+    };
+    ctxbroker_server::run(settings, listener, build, shutdown).await?;
+    Ok(())
+}
+
+fn parse_durability(text: &str) -> Result<Durability, Failure> {
+    match text {
+        "flush" => Ok(Durability::Flush),
+        "relaxed" => Ok(Durability::Relaxed),
+        other => Err(format!("durability must be flush or relaxed; got {other:?}").into()),
+    }
+}
+
+/// The name `durability` has on the daemon's command line.
+fn durability_flag(durability: Durability) -> &'static str {
+    match durability {
+        Durability::Flush => "flush",
+        Durability::Relaxed => "relaxed",
+    }
+}
+
+/// A daemon serving in a child process, with its data in a temporary
+/// directory. Dropping it stops the daemon (an orderly shutdown; killed
+/// if it takes longer than a minute) and removes the data.
+#[derive(Debug)]
+pub struct DaemonProcess {
+    /// Where it serves.
+    pub addr: SocketAddr,
+    /// Its durability.
+    pub durability: Durability,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    _dir: tempfile::TempDir,
+}
+
+impl DaemonProcess {
+    /// Starts this binary's `daemon` subcommand and waits for its address.
+    pub fn spawn(durability: Durability) -> Result<DaemonProcess, Failure> {
+        let exe = std::env::current_exe()?;
+        DaemonProcess::spawn_program(&exe, durability)
+    }
+
+    /// Starts `program`'s `daemon` subcommand (a `ctxbroker-bench` binary).
+    pub fn spawn_program(program: &Path, durability: Durability) -> Result<DaemonProcess, Failure> {
+        let dir = tempfile::tempdir()?;
+        // A profiler may wrap the daemon: CTXBROKER_BENCH_DAEMON_WRAPPER="valgrind
+        // --tool=callgrind" runs `valgrind --tool=callgrind PROGRAM daemon ...`.
+        let wrapper = std::env::var("CTXBROKER_BENCH_DAEMON_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let mut command = match words.next() {
+            Some(first) => {
+                let mut command = Command::new(first);
+                command.args(words).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        let mut child = command
+            .arg("daemon")
+            .arg("--durability")
+            .arg(durability_flag(durability))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        let addr = match read_address(&mut child) {
+            Ok(addr) => addr,
+            Err(err) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err);
+            }
+        };
+        Ok(DaemonProcess {
+            addr,
+            durability,
+            child,
+            stdin,
+            _dir: dir,
+        })
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The daemon's resource use so far.
+    pub fn usage(&self) -> Result<Usage, Failure> {
+        Usage::of(self.pid())
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        // Closing stdin asks for the orderly shutdown.
+        drop(self.stdin.take());
+        if !wait_for_exit(&mut self.child, PROCESS_DEADLINE) {
+            eprintln!(
+                "the daemon (pid {}) did not stop within {PROCESS_DEADLINE:?}; killing it",
+                self.child.id()
+            );
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reads the child's `listening ADDR` line, within the deadline.
+fn read_address(child: &mut Child) -> Result<SocketAddr, Failure> {
+    let stdout = child.stdout.take().ok_or("the daemon has no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("daemon-stdout".into())
+        .spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first);
+            // Keep draining so the child never blocks on a full pipe.
+            for _ in lines {}
+        })?;
+    let line = match rx.recv_timeout(PROCESS_DEADLINE) {
+        Ok(Some(Ok(line))) => line,
+        Ok(Some(Err(err))) => return Err(format!("reading the daemon's address: {err}").into()),
+        Ok(None) => return Err("the daemon exited before printing its address".into()),
+        Err(_) => return Err("the daemon did not print its address within a minute".into()),
+    };
+    let addr = line
+        .strip_prefix("listening ")
+        .ok_or_else(|| format!("unexpected first line from the daemon: {line:?}"))?;
+    Ok(addr.parse()?)
+}
+
+/// Waits for the child to exit; false if it is still running at `deadline`.
+pub fn wait_for_exit(child: &mut Child, deadline: Duration) -> bool {
+    let until = Instant::now() + deadline;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) if Instant::now() >= until => return false,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A process's CPU time and peak memory, from `/proc`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// User plus system CPU seconds since the process started.
+    pub cpu_seconds: f64,
+    /// The peak resident set (`VmHWM`) in bytes, since the start or the
+    /// last [`reset_peak`].
+    pub peak_rss_bytes: u64,
+}
+
+impl Usage {
+    /// Reads `/proc/PID/stat` and `/proc/PID/status`.
+    pub fn of(pid: u32) -> Result<Usage, Failure> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // The command name may hold spaces and parentheses: the fields
+        // start after the last ')'. utime and stime are fields 14 and 15
+        // (1-based), the 12th and 13th after the name.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| -> Result<u64, Failure> {
+            Ok(fields
+                .get(i)
+                .ok_or_else(|| format!("/proc/{pid}/stat has no field {}", i + 3))?
+                .parse()?)
+        };
+        let cpu_ticks = ticks(11)? + ticks(12)?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .ok_or_else(|| format!("/proc/{pid}/status has no VmHWM"))?
+            .parse()?;
+        Ok(Usage {
+            cpu_seconds: cpu_ticks as f64 / clock_ticks_per_second(),
+            peak_rss_bytes: peak_kib * 1024,
+        })
+    }
+}
+
+/// Resets the process's peak resident set to its current one (writing 5
+/// to `/proc/PID/clear_refs`), so a phase's peak is its own. False when
+/// the kernel refuses; the peak then covers the process's whole life.
+pub fn reset_peak(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// The kernel's `USER_HZ`, in which `/proc/PID/stat` counts CPU time: asks
+/// `getconf CLK_TCK` once; 100, the value on every common architecture,
+/// if that fails.
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .and_then(|text| text.trim().parse::<f64>().ok())
+            .filter(|ticks| *ticks > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
+/// The resource use between two readings of one process.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseUsage {
+    /// CPU seconds used in the phase.
+    pub cpu_seconds: f64,
+    /// Wall-clock seconds of the phase.
+    pub wall_seconds: f64,
+    /// The peak resident set at the end of the phase, bytes.
+    pub peak_rss_bytes: u64,
+}
+
+impl PhaseUsage {
+    /// Average cores busy: CPU seconds per wall second.
+    pub fn cores(&self) -> f64 {
+        if self.wall_seconds > 0.0 {
+            self.cpu_seconds / self.wall_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Measures one phase of a process: call [`PhaseMeter::start`] before,
+/// [`PhaseMeter::finish`] after.
+#[derive(Debug)]
+pub struct PhaseMeter {
+    pid: u32,
+    cpu_at_start: f64,
+    started: Instant,
+}
+
+impl PhaseMeter {
+    /// Resets the peak memory and reads the CPU time.
+    pub fn start(pid: u32) -> Result<PhaseMeter, Failure> {
+        reset_peak(pid);
+        let usage = Usage::of(pid)?;
+        Ok(PhaseMeter {
+            pid,
+            cpu_at_start: usage.cpu_seconds,
+            started: Instant::now(),
+        })
+    }
+
+    /// The CPU time and peak memory since `start`.
+    pub fn finish(&self) -> Result<PhaseUsage, Failure> {
+        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let usage = Usage::of(self.pid)?;
+        Ok(PhaseUsage {
+            cpu_seconds: (usage.cpu_seconds - self.cpu_at_start).max(0.0),
+            wall_seconds,
+            peak_rss_bytes: usage.peak_rss_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_a_peak() {
+        let busy = Instant::now();
+        let mut x = 0u64;
+        while busy.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        assert!(x != 1);
+        let usage = Usage::of(std::process::id()).unwrap();
+        assert!(usage.cpu_seconds > 0.0, "{usage:?}");
+        assert!(usage.peak_rss_bytes > 1 << 20, "{usage:?}");
+    }
+}

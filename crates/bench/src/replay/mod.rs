@@ -1,0 +1,584 @@
+//! `replay`: one long-horizon trace replayed through three compaction
+//! policies, and what each one loses.
+//!
+//! ```text
+//! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W]
+//!                        [--csv PATH] [--per-session]
+//! ```
+//!
+//! Everything runs in this process on core's pure policy, with simulated
+//! time (the core reads no clock), so a run is deterministic: the same
+//! flags give the same table and the same CSV.
+//!
+//! # The trace
+//!
+//! Each session (default 3 sessions of 3,000 turns, W = 200,000) is
+//! generated from the seed and its index alone:
+//!
+//! - a system prompt, then six user constraints stated within the first
+//!   12–120 turns and never repeated: prohibitions (a namespace, generated
+//!   files, a branch), requirements (run a command before committing,
+//!   keep a feature flag off), a restriction (one database client) and a
+//!   correction (a port);
+//! - phases of 150–350 turns, each opened by a user task, then assistant
+//!   turns (2–15 s after the previous turn) and ordinary tool outputs
+//!   (file reads, searches, test runs, builds and log queries of a few
+//!   hundred to a few thousand tokens, 1–20 s) in alternation;
+//! - burst episodes, starting with probability 1/180 per turn: 2–4 tool
+//!   outputs of 20–60% of W each (40k–120k tokens at the default W), each
+//!   5–60 s after the previous turn, an assistant turn between two;
+//! - idle gaps of 15–75 minutes before half the phases.
+//!
+//! Every session has at least one burst episode and one idle gap. Tool
+//! outputs name the session's files (a pool of 60 paths) and error lines
+//! (a pool of 24), each phase working on 7 paths and 3 errors; no other
+//! paths or error lines occur, and no text but the constraints expresses a
+//! modality. Every turn is one span, counted once with the real
+//! `o200k_base` tokenizer; all three policies see the same counts.
+//!
+//! # The policies
+//!
+//! - **(a) 90 s cadence, oldest 60%** (the seed's baseline): every 90 s
+//!   of simulated time from the session's start, whether or not anything
+//!   was admitted since, the shortest prefix of the live context (in
+//!   prompt order) holding at least 60% of live tokens is replaced by one
+//!   summary. Nothing is pinned. A turn arriving when live + turn > W is
+//!   lost: it overflowed the window between two ticks.
+//! - **(b) relevance-only eviction**: at admission, when live + turn would
+//!   exceed the budget α·W, core's planner evicts the least relevant spans
+//!   (core's relevance scoring against the incoming turn: recency,
+//!   similarity, length) down to the soft watermark, as ctxbroker's
+//!   admission plans — but every span is narrative, so constraints are
+//!   evicted like anything else; no verifier, no generation cap, no
+//!   background pre-compaction. A turn that still does not fit in W is
+//!   lost.
+//! - **(c) ctxbroker**: core's `Session` with the daemon's defaults
+//!   (`SessionConfig::with_window(W)`: α = 0.85, soft watermark 0.9,
+//!   relevance floor 0.05, trigger TOKEN_BUDGET, rule classifier, at most
+//!   3 summary generations, anchor policy REQUIRE, mode AUTO), driven as
+//!   the daemon drives it: every turn classified by the rules,
+//!   constraints pinned with derived predicates, `Session::admit`
+//!   compacting at admission by the token budget with verification, and
+//!   the soft-watermark pre-compaction the daemon queues after an
+//!   admission run right after it (same simulated time). Every 90 s the
+//!   session is also offered its background work (pre-compaction and
+//!   staleness guard), which it must decline while idle. A refused turn
+//!   is lost.
+//!
+//! All three summarise with core's summariser (an anchors block, then the
+//! most salient sentences; a summary's sentences are not summarised again,
+//! its anchors are carried), within the session's summary cap (budget/8,
+//! at most 4,096 tokens); the baselines have no generation cap. Policy (a)
+//! gives prose up to a quarter of what it replaces (the rule of core's
+//! staleness compaction); (b) and (c) use the planner's rule.
+//!
+//! # The columns
+//!
+//! - **turns lost to overflow**: turns that never entered the live
+//!   context; (a) and (b): live + turn > W; (c): refused by the session.
+//! - **compactions** and **compactions while idle**: committed
+//!   compactions; one is idle when no turn arrived since the previous
+//!   compaction of the session (or since its start).
+//! - **max summary generation**: the highest generation of any summary
+//!   written.
+//! - **anchors lost**: of the distinct pool paths and error lines that
+//!   appear in tool outputs, those that appear verbatim in no live span
+//!   (originals and summaries) at the end of the session.
+//! - **constraints lost**: constraints that, at some check after they were
+//!   stated, no unit of the live context held. A unit is a line, or a part
+//!   of a line between ` | `; it holds a constraint when it contains each
+//!   of the constraint's terms (core's whole-word match) and expresses its
+//!   modality (core's classifier rules). Checks run after every
+//!   compaction and at the end: only a compaction removes text, and no
+//!   other text of the trace expresses a modality, so a constraint missing
+//!   once stays missing — from then on the agent works without it.
+//! - **live-token peak vs W**: the most live tokens at any moment.
+//!
+//! Counts are summed over sessions; the generation and the peak are
+//! maxima. The CSV has one row per admission, lost turn and compaction:
+//! `policy,session,t_s,live_tokens,demand_tokens,window_tokens,event,summary_generation`
+//! with `event` one of `admit`, `lost`, `compact`, `compact_idle`;
+//! `demand_tokens` is live + the turn when it arrived. The script
+//! `crates/bench/plot_replay.py` draws it.
+
+mod policy;
+mod trace;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ctxbroker_core::config::{SessionConfig, TokenizerKind};
+use ctxbroker_core::tokens;
+
+use crate::common::Failure;
+
+/// The run's parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Seeds the trace.
+    pub seed: u64,
+    /// Sessions replayed.
+    pub sessions: usize,
+    /// Turns per session.
+    pub turns: usize,
+    /// W, in tokens.
+    pub window: u32,
+    /// Where the CSV of live tokens over time goes, if anywhere.
+    pub csv: Option<PathBuf>,
+    /// Also print one row per policy and session.
+    pub per_session: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            seed: 1,
+            sessions: 3,
+            turns: 3_000,
+            window: 200_000,
+            csv: None,
+            per_session: false,
+        }
+    }
+}
+
+const USAGE: &str = "usage: ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]";
+
+impl Options {
+    /// Parses the flags after `replay`.
+    pub fn parse(args: &[String]) -> Result<Options, Failure> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            if flag == "--per-session" {
+                o.per_session = true;
+                continue;
+            }
+            let Some(value) = it.next() else {
+                return Err(format!("{flag} needs a value; {USAGE}").into());
+            };
+            let number = |what: &str| -> Result<u64, Failure> {
+                value
+                    .parse::<u64>()
+                    .map_err(|err| format!("{what} {value:?}: {err}; {USAGE}").into())
+            };
+            match flag.as_str() {
+                "--seed" => o.seed = number("--seed")?,
+                "--sessions" => o.sessions = usize::try_from(number("--sessions")?)?,
+                "--turns" => o.turns = usize::try_from(number("--turns")?)?,
+                "--window" => o.window = u32::try_from(number("--window")?)?,
+                "--csv" => o.csv = Some(PathBuf::from(value)),
+                _ => return Err(format!("unknown flag {flag}; {USAGE}").into()),
+            }
+        }
+        if o.sessions == 0 || o.sessions > 1_000 {
+            return Err(format!("--sessions must be in 1..=1000; got {}", o.sessions).into());
+        }
+        if o.turns < 20 || o.turns > 1_000_000 {
+            return Err(format!("--turns must be in 20..=1000000; got {}", o.turns).into());
+        }
+        Ok(o)
+    }
+}
+
+/// A compaction policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// (a) Every 90 s, summarise the oldest 60%.
+    Cadence,
+    /// (b) At admission, evict by relevance alone.
+    Relevance,
+    /// (c) ctxbroker's session.
+    Broker,
+}
+
+impl PolicyKind {
+    /// The three, in table order.
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::Cadence,
+        PolicyKind::Relevance,
+        PolicyKind::Broker,
+    ];
+
+    /// The row label.
+    pub fn label(self) -> &'static str {
+        match self {
+            PolicyKind::Cadence => "(a) 90 s cadence, oldest 60%",
+            PolicyKind::Relevance => "(b) relevance-only eviction",
+            PolicyKind::Broker => "(c) ctxbroker",
+        }
+    }
+
+    /// The CSV key.
+    pub fn key(self) -> &'static str {
+        match self {
+            PolicyKind::Cadence => "cadence",
+            PolicyKind::Relevance => "relevance",
+            PolicyKind::Broker => "ctxbroker",
+        }
+    }
+}
+
+/// One replay's measurements (or their sum over sessions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Turns offered.
+    pub turns: u64,
+    /// Turns that never entered the live context.
+    pub turns_lost: u64,
+    /// Committed compactions.
+    pub compactions: u64,
+    /// Compactions with no turn since the previous one.
+    pub idle_compactions: u64,
+    /// The highest summary generation written.
+    pub max_generation: u32,
+    /// The most live tokens at any moment.
+    pub peak_live: u64,
+    /// W.
+    pub window: u64,
+    /// Constraints stated.
+    pub constraints: u64,
+    /// Constraints missing at some check after being stated.
+    pub constraints_lost: u64,
+    /// Tracked anchors (distinct paths and error lines of tool outputs).
+    pub anchors: u64,
+    /// Tracked anchors in no live span at the end.
+    pub anchors_lost: u64,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.turns += o.turns;
+        self.turns_lost += o.turns_lost;
+        self.compactions += o.compactions;
+        self.idle_compactions += o.idle_compactions;
+        self.max_generation = self.max_generation.max(o.max_generation);
+        self.peak_live = self.peak_live.max(o.peak_live);
+        self.window = self.window.max(o.window);
+        self.constraints += o.constraints;
+        self.constraints_lost += o.constraints_lost;
+        self.anchors += o.anchors;
+        self.anchors_lost += o.anchors_lost;
+    }
+}
+
+/// What a CSV row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A turn entered the live context.
+    Admit,
+    /// A turn was lost.
+    Lost,
+    /// A compaction with a turn since the previous one.
+    Compact,
+    /// A compaction with no turn since the previous one.
+    CompactIdle,
+}
+
+impl Event {
+    fn key(self) -> &'static str {
+        match self {
+            Event::Admit => "admit",
+            Event::Lost => "lost",
+            Event::Compact => "compact",
+            Event::CompactIdle => "compact_idle",
+        }
+    }
+}
+
+/// One moment of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Point {
+    /// Simulated ms since the session started.
+    pub t_ms: u64,
+    /// Live tokens after the event.
+    pub live: u64,
+    /// Live + the arriving turn (for a compaction: live after it).
+    pub demand: u64,
+    /// What happened.
+    pub event: Event,
+    /// The summary's generation, for a compaction.
+    pub generation: u32,
+}
+
+/// One session: its trace's shape and each policy's replay.
+#[derive(Debug, Clone)]
+pub struct SessionReport {
+    /// The session's index.
+    pub session: usize,
+    /// Tokens of all its turns.
+    pub tokens: u64,
+    /// Its simulated length.
+    pub end_ms: u64,
+    /// Burst episodes and burst outputs.
+    pub burst_episodes: usize,
+    /// Burst outputs.
+    pub burst_outputs: usize,
+    /// The smallest and largest burst output, in tokens.
+    pub burst_range: (u32, u32),
+    /// Idle gaps.
+    pub idle_gaps: usize,
+    /// Per policy, in [`PolicyKind::ALL`] order: measurements and series.
+    pub results: Vec<(PolicyKind, Stats, Vec<Point>)>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// What was run.
+    pub options: Options,
+    /// Per session.
+    pub sessions: Vec<SessionReport>,
+}
+
+impl Report {
+    /// A policy's measurements summed over sessions (maxima for the
+    /// generation and the peak).
+    pub fn totals(&self, kind: PolicyKind) -> Stats {
+        let mut sum = Stats::default();
+        for s in &self.sessions {
+            for (k, stats, _) in &s.results {
+                if *k == kind {
+                    sum.add(stats);
+                }
+            }
+        }
+        sum
+    }
+}
+
+/// Generates the trace and replays it through the three policies.
+pub fn run(options: &Options) -> Result<Report, Failure> {
+    let config = SessionConfig::with_window(options.window);
+    if let Err(bad) = config.validate() {
+        let text: Vec<String> = bad
+            .iter()
+            .map(|v| format!("{}: {}", v.field, v.description))
+            .collect();
+        return Err(format!("--window {}: {}", options.window, text.join("; ")).into());
+    }
+    let counter = tokens::counter(TokenizerKind::O200kBase);
+    tokens::warm_up(TokenizerKind::O200kBase);
+    let mut sessions = Vec::with_capacity(options.sessions);
+    for session in 0..options.sessions {
+        let started = Instant::now();
+        let trace = trace::generate(
+            options.seed,
+            session,
+            options.turns,
+            options.window,
+            counter,
+        );
+        eprintln!(
+            "session {session}: trace generated and counted in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        let mut results = Vec::with_capacity(3);
+        for kind in PolicyKind::ALL {
+            let started = Instant::now();
+            let (stats, points) = policy::replay(kind, &trace, &config, counter, session);
+            eprintln!(
+                "session {session}: {} replayed in {:.1} s",
+                kind.key(),
+                started.elapsed().as_secs_f64()
+            );
+            results.push((kind, stats, points));
+        }
+        sessions.push(SessionReport {
+            session,
+            tokens: trace.tokens(),
+            end_ms: trace.end_ms(),
+            burst_episodes: trace.burst_episodes,
+            burst_outputs: trace.burst_outputs,
+            burst_range: trace.burst_range(),
+            idle_gaps: trace.idle_gaps,
+            results,
+        });
+    }
+    Ok(Report {
+        options: options.clone(),
+        sessions,
+    })
+}
+
+/// `n` with thousands separators.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn row(label: &str, s: &Stats) -> String {
+    let share = if s.window == 0 {
+        0.0
+    } else {
+        100.0 * s.peak_live as f64 / s.window as f64
+    };
+    format!(
+        "| {label} | {} / {} | {} | {} | {} | {} / {} | {} / {} | {} / {} ({share:.1}%) |",
+        grouped(s.turns_lost),
+        grouped(s.turns),
+        grouped(s.compactions),
+        grouped(s.idle_compactions),
+        s.max_generation,
+        grouped(s.anchors_lost),
+        grouped(s.anchors),
+        s.constraints_lost,
+        s.constraints,
+        grouped(s.peak_live),
+        grouped(s.window),
+    )
+}
+
+const HEADER: &str = "| policy | turns lost to overflow | compactions | compactions while idle | max summary generation | anchors lost | constraints lost | live-token peak vs W |\n|---|---|---|---|---|---|---|---|";
+
+/// The report as markdown: what the trace held, then the table.
+pub fn render(report: &Report) -> String {
+    let o = &report.options;
+    let n = report.sessions.len().max(1) as f64;
+    let tokens: u64 = report.sessions.iter().map(|s| s.tokens).sum();
+    let hours: f64 = report
+        .sessions
+        .iter()
+        .map(|s| s.end_ms as f64 / 3_600_000.0)
+        .sum::<f64>()
+        / n;
+    let episodes: usize = report.sessions.iter().map(|s| s.burst_episodes).sum();
+    let bursts: usize = report.sessions.iter().map(|s| s.burst_outputs).sum();
+    let idle: usize = report.sessions.iter().map(|s| s.idle_gaps).sum();
+    let smallest = report
+        .sessions
+        .iter()
+        .map(|s| s.burst_range.0)
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0);
+    let largest = report
+        .sessions
+        .iter()
+        .map(|s| s.burst_range.1)
+        .max()
+        .unwrap_or(0);
+    let mut out = format!(
+        "Trace: seed {}, {} session(s) x {} turns, W = {}; {} tokens offered; {hours:.1} h of simulated time per session on average; {bursts} burst outputs of {}–{} tokens in {episodes} episodes; {idle} idle gaps.\n\n{HEADER}\n",
+        o.seed,
+        o.sessions,
+        grouped(o.turns as u64),
+        grouped(u64::from(o.window)),
+        grouped(tokens),
+        grouped(u64::from(smallest)),
+        grouped(u64::from(largest)),
+    );
+    for kind in PolicyKind::ALL {
+        out.push_str(&row(kind.label(), &report.totals(kind)));
+        out.push('\n');
+    }
+    if o.per_session {
+        out.push_str(&format!(
+            "\nPer session:\n\n{}\n",
+            HEADER.replacen("| policy |", "| policy, session |", 1)
+        ));
+        for s in &report.sessions {
+            for (kind, stats, _) in &s.results {
+                out.push_str(&row(&format!("{}, {}", kind.label(), s.session), stats));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// Writes the series of every policy and session as CSV.
+pub fn write_csv(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "policy,session,t_s,live_tokens,demand_tokens,window_tokens,event,summary_generation"
+    )?;
+    for s in &report.sessions {
+        for (kind, stats, points) in &s.results {
+            for p in points {
+                writeln!(
+                    out,
+                    "{},{},{}.{:03},{},{},{},{},{}",
+                    kind.key(),
+                    s.session,
+                    p.t_ms / 1000,
+                    p.t_ms % 1000,
+                    p.live,
+                    p.demand,
+                    stats.window,
+                    p.event.key(),
+                    p.generation
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `replay [flags]`: prints the table; writes the CSV when asked.
+pub fn replay_main(args: &[String]) -> Result<(), Failure> {
+    let options = Options::parse(args)?;
+    let started = Instant::now();
+    let report = run(&options)?;
+    print!("{}", render(&report));
+    if let Some(path) = &options.csv {
+        let file = std::fs::File::create(path)
+            .map_err(|err| format!("--csv {}: {err}", path.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        write_csv(&report, &mut w)?;
+        w.flush()?;
+        eprintln!("series written to {}", path.display());
+    }
+    eprintln!("replay took {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn groups_digits() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1_000), "1,000");
+        assert_eq!(grouped(200_000), "200,000");
+        assert_eq!(grouped(12_345_678), "12,345,678");
+    }
+
+    #[test]
+    fn parses_flags_and_refuses_bad_ones() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let o = Options::parse(&args("--seed 9 --turns 50 --per-session")).unwrap();
+        assert_eq!(
+            (o.seed, o.turns, o.sessions, o.per_session),
+            (9, 50, 3, true)
+        );
+        assert!(Options::parse(&args("--turns")).is_err());
+        assert!(Options::parse(&args("--turns x")).is_err());
+        assert!(Options::parse(&args("--turns 3")).is_err());
+        assert!(Options::parse(&args("--bogus 1")).is_err());
+        assert!(Options::parse(&args("--sessions 0")).is_err());
+    }
+
+    #[test]
+    fn a_bad_window_is_refused_by_name() {
+        let o = Options {
+            window: 0,
+            turns: 20,
+            sessions: 1,
+            ..Options::default()
+        };
+        let err = run(&o).unwrap_err().to_string();
+        assert!(err.contains("config.window_tokens"), "{err}");
+    }
+}

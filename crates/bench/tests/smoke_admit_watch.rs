@@ -1,0 +1,174 @@
+//! Smoke tests of `ctxbroker-bench admit` and `ctxbroker-bench watch`: the
+//! built binary on tiny sizes, checking that every row is printed with
+//! plausible figures. They measure nothing; they fail when the harness
+//! rots.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxbroker-bench"))
+        .args(args)
+        .output()
+        .expect("the bench binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ctxbroker-bench {args:?} failed: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The cells of the table row whose first cell is `name` (and, when
+/// given, whose second is `server`).
+fn row<'a>(output: &'a str, name: &str, server: Option<&str>) -> Vec<&'a str> {
+    output
+        .lines()
+        .filter(|line| line.starts_with('|'))
+        .map(|line| {
+            line.trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+        })
+        .find(|cells| cells[0] == name && server.is_none_or(|s| cells.get(1) == Some(&s)))
+        .unwrap_or_else(|| panic!("no row {name:?} {server:?} in:\n{output}"))
+}
+
+fn number(cell: &str) -> f64 {
+    cell.parse()
+        .unwrap_or_else(|_| panic!("{cell:?} is not a number"))
+}
+
+fn redis_installed() -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| dir.join("redis-server").is_file())
+    })
+}
+
+#[test]
+fn admit_prints_every_row_with_plausible_figures() {
+    let out = bench(&[
+        "admit",
+        "--duration",
+        "1",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0.2",
+        "--clients",
+        "4",
+        "--sessions",
+        "6",
+        "--connections",
+        "2",
+        "--window",
+        "20000",
+        "--max-tool-tokens",
+        "4000",
+        "--probe",
+        "40",
+    ]);
+    // Columns: row, server, clients, requests, req/s, p50, p90, p99, max,
+    // p50 without compaction, compactions/s, CPU cores, CPU µs/req, peak
+    // RSS, load generator CPU µs/req, errors.
+    for (server, admit) in [
+        ("ctxbroker, durable", "Admit, durable"),
+        ("ctxbroker, relaxed", "Admit, relaxed"),
+    ] {
+        for name in ["no-op GetServerInfo", admit] {
+            let cells = row(&out, name, Some(server));
+            assert_eq!(cells[2], "4", "{cells:?}");
+            assert!(number(cells[3]) > 0.0, "no requests: {cells:?}");
+            assert!(number(cells[4]) > 0.0, "no rate: {cells:?}");
+            let (p50, p99, max) = (number(cells[5]), number(cells[7]), number(cells[8]));
+            assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{cells:?}");
+            assert!(number(cells[11]) > 0.0, "no daemon CPU: {cells:?}");
+            assert!(number(cells[13]) > 1.0, "no daemon memory: {cells:?}");
+            assert_eq!(cells[15], "0", "errors: {cells:?}");
+        }
+        assert!(number(row(&out, admit, Some(server))[10]) >= 0.0);
+        for name in [
+            "probe: no-op GetServerInfo",
+            "probe: Admit, short user message",
+        ] {
+            let cells = row(&out, name, Some(server));
+            assert_eq!(cells[3], "40", "{cells:?}");
+            assert!(number(cells[5]) > 0.0, "{cells:?}");
+        }
+    }
+    let redis = row(&out, "Redis RPUSH, appendfsync always", None);
+    if redis_installed() {
+        assert_eq!(redis[1], "redis-server", "{redis:?}");
+        assert!(number(redis[4]) > 0.0, "{redis:?}");
+        assert_eq!(redis[15], "0", "{redis:?}");
+        assert!(
+            out.contains("durable admits/s ÷ Redis RPUSH/s at 4 clients"),
+            "{out}"
+        );
+    } else {
+        assert_eq!(redis[1], "skipped", "{redis:?}");
+        assert!(
+            out.contains("Redis row skipped: redis-server is not on PATH"),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("relaxed Admit p50 (no compaction) ÷ no-op p50, one client"),
+        "{out}"
+    );
+    assert!(!out.contains("errors:"), "{out}");
+}
+
+#[test]
+fn watch_delivers_every_marker_and_compares_a_stalled_watcher() {
+    let out = bench(&[
+        "watch",
+        "--watchers",
+        "20",
+        "--connections",
+        "2",
+        "--admitters",
+        "2",
+        "--rate",
+        "40",
+        "--duration",
+        "1",
+        "--stalled-turns",
+        "30",
+        "--stalled-rounds",
+        "1",
+    ]);
+    for phase in ["no watchers", "20 watchers"] {
+        let cells = row(&out, phase, None);
+        assert!(number(cells[1]) > 5.0, "too few admissions: {cells:?}");
+        assert!(number(cells[2]) > 0.0, "no markers: {cells:?}");
+        assert!(number(cells[3]) > 0.0, "{cells:?}");
+        assert_eq!(cells[7], "0", "errors: {cells:?}");
+    }
+    let delivery = row(&out, "from the admitting client's send", None);
+    let (got, expected) = delivery[1].split_once(" of ").unwrap();
+    assert_eq!(got, expected, "lost deliveries: {delivery:?}");
+    assert!(number(got) >= 20.0, "{delivery:?}");
+    assert!(number(delivery[2]) > 0.0, "{delivery:?}");
+    assert!(
+        out.contains("every marker reached every watcher: yes"),
+        "{out}"
+    );
+    for name in ["no watcher", "one stalled watcher"] {
+        let cells = row(&out, name, None);
+        assert_eq!(cells[1], "30", "{cells:?}");
+        assert!(number(cells[2]) > 0.0, "{cells:?}");
+    }
+    assert!(out.contains("stalled ÷ none: p50"), "{out}");
+}
+
+#[test]
+fn stalled_watcher_still_runs_on_its_own() {
+    let out = bench(&["stalled-watcher", "30", "1"]);
+    let cells = row(&out, "one stalled watcher", None);
+    assert_eq!(cells[1], "30", "{cells:?}");
+}

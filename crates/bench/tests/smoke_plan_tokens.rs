@@ -1,0 +1,102 @@
+//! `ctxbroker-bench plan` and `ctxbroker-bench tokens` run on tiny inputs
+//! and print every row, with plausible figures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+/// Runs the bench binary and returns its standard output; fails on a
+/// non-zero exit.
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxbroker-bench"))
+        .args(args)
+        .output()
+        .expect("the bench binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ctxbroker-bench {args:?} exited with {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The cells of the table rows (not the header or the rule) whose first
+/// cell is `first`.
+fn rows<'a>(out: &'a str, first: &str) -> Vec<Vec<&'a str>> {
+    out.lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| cells.first() == Some(&first))
+        .collect()
+}
+
+fn number(cell: &str) -> f64 {
+    cell.trim_end_matches('×')
+        .parse()
+        .unwrap_or_else(|_| panic!("{cell:?} is not a number"))
+}
+
+#[test]
+fn plan_prints_a_row_per_size_with_plausible_figures() {
+    let out = bench(&["plan", "300,3000", "2"]);
+    let mut previous_ms: Option<f64> = None;
+    for n in ["300", "3000"] {
+        let r = rows(&out, n);
+        assert_eq!(r.len(), 1, "one row for {n} spans:\n{out}");
+        let cells = &r[0];
+        assert_eq!(cells.len(), 13, "{cells:?}");
+        // admit, plan, apply, verify, adopt in ms: finite, non-negative,
+        // and the admission costs something.
+        let ms: Vec<f64> = cells[1..6].iter().map(|c| number(c)).collect();
+        assert!(ms.iter().all(|m| m.is_finite() && *m >= 0.0), "{cells:?}");
+        assert!(ms[0] > 0.0, "{cells:?}");
+        // Some spans were evicted into a summary, fewer than all of them.
+        let evicted = number(cells[10]);
+        assert!(evicted >= 1.0 && evicted < number(n), "{cells:?}");
+        assert!(number(cells[11]) > 0.0, "{cells:?}");
+        assert_eq!(cells[12].len(), 16, "a 64-bit digest: {cells:?}");
+        match previous_ms {
+            None => assert_eq!(cells[7], "-", "{cells:?}"),
+            Some(_) => {
+                assert!(number(cells[7]) > 0.0, "{cells:?}");
+                // 3000·log2(3000) / (300·log2(300)) = 14.04
+                let expected = number(cells[8]);
+                assert!((expected - 14.04).abs() < 0.01, "{cells:?}");
+            }
+        }
+        previous_ms = Some(ms[0]);
+    }
+}
+
+#[test]
+fn tokens_prints_every_row_and_the_counts_agree() {
+    let out = bench(&["tokens", "1", "2000", "10"]);
+    for encoding in ["o200k_base", "cl100k_base"] {
+        let r = rows(&out, encoding);
+        // Two corpus rows, then 3 inputs × 2 sizes (1 KB is below the
+        // first default size, so only the maximum is measured: 2,000).
+        let corpus: Vec<_> = r.iter().filter(|c| c.len() == 8).collect();
+        let adversarial: Vec<_> = r.iter().filter(|c| c.len() == 9).collect();
+        assert_eq!(corpus.len(), 2, "{out}");
+        assert_eq!(adversarial.len(), 3, "{out}");
+        for c in &corpus {
+            assert!(number(c[2]) > 10_000.0, "the corpus has tokens: {c:?}");
+            assert!(number(c[4]) > 0.0 && number(c[5]) > 0.0, "{c:?}");
+            assert_eq!(c[7], "yes", "{c:?}");
+        }
+        assert_eq!(corpus[0][2], corpus[1][2], "both count the same");
+        for c in &adversarial {
+            assert_eq!(number(c[2]), 2_000.0, "{c:?}");
+            let tokens = number(c[3]);
+            assert!((1.0..=2_000.0).contains(&tokens), "{c:?}");
+            assert!(number(c[4]) > 0.0, "{c:?}");
+            assert_eq!(c[8], "yes", "{c:?}");
+        }
+    }
+}
