@@ -1,0 +1,41 @@
+"""Python client for the ctxbroker daemon.
+
+``ctxbroker_client.pb`` holds the messages generated from
+``proto/ctxbroker/v1/broker.proto`` when this package was built;
+:class:`Broker` wraps the common flow of an agent (create a session, admit
+turns, build the prompt from the live context, watch compaction markers with
+automatic resume); :mod:`ctxbroker_client.errors` turns the daemon's
+statuses and google.rpc details into exceptions.
+"""
+
+from . import errors
+from .client import CHANNEL_OPTIONS, Admission, Broker, Context, assistant, span, system, tool, user
+from .daemon import DaemonFailed, LocalDaemon, find_binary
+from .errors import BrokerError
+from .v1 import broker_pb2 as pb
+from .v1 import broker_pb2_grpc as pb_grpc
+from .v1._contract import CONTRACT_DIGEST
+from .watch import MarkerSequenceError, MarkerWatch, watch_in_thread
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "CONTRACT_DIGEST",
+    "Admission",
+    "Broker",
+    "BrokerError",
+    "Context",
+    "DaemonFailed",
+    "LocalDaemon",
+    "MarkerSequenceError",
+    "MarkerWatch",
+    "assistant",
+    "errors",
+    "find_binary",
+    "pb",
+    "pb_grpc",
+    "span",
+    "system",
+    "tool",
+    "user",
+    "watch_in_thread",
+]
