@@ -32,8 +32,8 @@
 //! (the marker exists only once it is durable) and the client side's
 //! decoding; it is an upper bound on the daemon's fan-out time. The same
 //! deliveries measured from the moment the admitting client received its
-//! reply are reported beside it (negative when a watcher had the marker
-//! first: markers are published before the replies are sent).
+//! reply are reported beside it (the replies are sent before the markers
+//! are handed to the watchers, though a watcher may still be first).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

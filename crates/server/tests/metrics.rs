@@ -127,7 +127,19 @@ async fn the_service_and_the_store_count_what_happened() {
     let refused = admit(&service, "", "x".into()).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
 
-    let text = render(&metrics, &store);
+    // Markers reach the metrics after the replies are sent: wait (bounded)
+    // until the last one, the escalation's, is counted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut text = render(&metrics, &store);
+    while value(
+        &text,
+        "ctxbroker_escalations_total{trigger=\"HARD_BUDGET\"}",
+    ) != Some(1.0)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        text = render(&metrics, &store);
+    }
     let get = |series: &str| value(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
     assert_eq!(
         get("ctxbroker_admissions_total{outcome=\"admitted\"}"),

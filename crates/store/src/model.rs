@@ -203,9 +203,11 @@ pub struct StoreOptions {
     /// The most writes in one batch (at least 1): bounds the latency a
     /// batch adds and the size of one transaction.
     pub max_batch: usize,
-    /// Called after each flush, before the acknowledgements, with the
-    /// markers that became durable, in seq order, each exactly once. It
-    /// must not block (every acknowledgement waits for it) and should not
+    /// Called after each flush, once its acknowledgements are sent, with
+    /// the markers that became durable, in seq order, each exactly once.
+    /// The committed head already covers them, and a caller holding its
+    /// reply may not have been told yet. It must not block (the next batch
+    /// waits for it) and should not
     /// hold a `Store` handle: a store kept alive by its own hook is only
     /// shut down by an explicit [`Store::close`](crate::Store::close).
     pub on_commit: Option<CommitHook>,

@@ -487,18 +487,23 @@ impl Flusher {
                 tracing::warn!(%err, "recording the commit epoch failed");
             }
         }
-        self.publish();
+        // The head moves before any acknowledgement, so a caller that has
+        // its reply can read what it wrote; the markers go to the hook
+        // after the replies, so that fanning them out (to every watcher)
+        // does not delay the writes' acknowledgements.
+        self.advance_head();
         if crate::fault("store::after_flush") {
             let err = StoreError::Io("injected fault after the flush".into());
             for (ack, _) in acks {
                 let _ = ack.send(Err(err.clone()));
             }
-            return;
+        } else {
+            for (ack, outcome) in acks {
+                // The caller may have stopped waiting; the write stands.
+                let _ = ack.send(Ok(outcome));
+            }
         }
-        for (ack, outcome) in acks {
-            // The caller may have stopped waiting; the write stands.
-            let _ = ack.send(Ok(outcome));
-        }
+        self.announce();
     }
 
     /// Flushes the engine, telling the observer how long a successful
@@ -517,6 +522,12 @@ impl Flusher {
     /// marker N from the hook can always read every marker before N from
     /// the log, so it can fill any gap it finds without waiting.
     fn publish(&mut self) {
+        self.advance_head();
+        self.announce();
+    }
+
+    /// Moves the committed head over what became durable.
+    fn advance_head(&mut self) {
         if let Some(bounds) = self.bounds.take() {
             *self
                 .shared
@@ -524,6 +535,10 @@ impl Flusher {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = bounds;
         }
+    }
+
+    /// Hands the markers the head passed to the hook, once each.
+    fn announce(&mut self) {
         if !self.unpublished.is_empty() {
             if let Some(hook) = &self.hook {
                 let markers = &self.unpublished;

@@ -229,6 +229,11 @@ async fn a_panicking_hook_does_not_stop_the_writer() {
     store.write(s.create()).await.unwrap();
     store.write(s.abort()).await.unwrap();
     store.write(s.abort()).await.unwrap();
+    // The hook runs after the acknowledgements: wait for the second call.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.stats().hook_panics < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(store.stats().hook_panics, 2);
     assert_eq!(store.markers(1, 10).unwrap().len(), 2);
 }
