@@ -69,3 +69,55 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let at = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[at.min(sorted.len() - 1)]
 }
+
+/// A small deterministic generator (SplitMix64): the same seed gives the
+/// same workload, corpus or trace on every platform and build.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+
+    /// Uniform in [0, n); 0 (drawing nothing) when n is 0.
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// Uniform in [lo, hi]; `lo` (drawing nothing) when `hi <= lo`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// One of `items`; "" when there is none.
+    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
+        items.get(self.below(items.len())).copied().unwrap_or("")
+    }
+}

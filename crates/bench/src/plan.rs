@@ -33,7 +33,7 @@ use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
 use ctxbroker_core::tokens::{TokenCounter, counter, warm_up};
 use ctxbroker_core::verify::verify;
 
-use crate::common::Failure;
+use crate::common::{Failure, Rng};
 
 /// The sizes measured when none are given.
 pub const DEFAULT_SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
@@ -281,36 +281,6 @@ fn digest(change: &Change) -> u64 {
         eat(m.detail.as_bytes());
     }
     h
-}
-
-/// A small deterministic generator (SplitMix64).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number below `n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
-
-    /// One of `items`.
-    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
 }
 
 const COMPONENTS: [&str; 16] = [

@@ -26,8 +26,7 @@ use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::tokens::{counter, warm_up};
 use tiktoken_rs::CoreBPE;
 
-use crate::common::Failure;
-use crate::plan::Rng;
+use crate::common::{Failure, Rng};
 
 /// Adversarial sizes when none are given: 10 KB, 100 KB, 1 MB.
 pub const DEFAULT_ADVERSARIAL_BYTES: [usize; 3] = [10_000, 100_000, 1_000_000];

@@ -52,7 +52,7 @@ use crate::common::{Client, Failure};
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage, Usage};
 pub use load::{Op, Outcome, Quantiles, Samples, closed_loop, per_second};
 pub use redis::{RedisProcess, RespConn, Unavailable};
-pub use workload::{Mix, Rng, Turn, Workload};
+pub use workload::{Mix, Turn, Workload};
 
 /// Relaxed durability: Admit p50 (no compaction) at most this many times
 /// the no-op p50 on the same server.

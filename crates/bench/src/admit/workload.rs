@@ -16,6 +16,8 @@ use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::tokens::{self, TokenCounter};
 use ctxbroker_proto::v1 as pb;
 
+use crate::common::Rng;
+
 /// Turns in the pool the clients draw from.
 const POOL_TURNS: usize = 4096;
 /// Distinct constraint texts.
@@ -78,9 +80,9 @@ impl Workload {
         for n in 0..POOL_TURNS {
             let pick = rng.unit();
             let (role, target) = if pick < 0.45 {
-                (pb::Role::Assistant, rng.range(20, 200))
+                (pb::Role::Assistant, rng.range(20, 200) as u32)
             } else if pick < 0.58 {
-                (pb::Role::User, rng.range(8, 60))
+                (pb::Role::User, rng.range(8, 60) as u32)
             } else {
                 let u = rng.unit().max(f64::MIN_POSITIVE);
                 let size = TOOL_MIN_TOKENS / u.powf(1.0 / TOOL_SHAPE);
@@ -340,45 +342,6 @@ fn constraint_text(n: usize, rng: &mut Rng) -> String {
             9000 + n,
             SERVICES[rng.below(SERVICES.len())]
         ),
-    }
-}
-
-/// splitmix64: small, fast and deterministic.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in [0, n); 0 when n is 0.
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next_u64() % n as u64) as usize
-        }
-    }
-
-    /// Uniform in [lo, hi].
-    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + self.below((hi.saturating_sub(lo) + 1) as usize) as u32
     }
 }
 

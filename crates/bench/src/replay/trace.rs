@@ -23,53 +23,7 @@ use std::collections::BTreeSet;
 use ctxbroker_core::span::{Modality, Role};
 use ctxbroker_core::tokens::TokenCounter;
 
-/// A small deterministic generator (SplitMix64): the same seed gives the
-/// same trace on every platform and build.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            return lo;
-        }
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-
-    /// An index below `n` (0 when `n` is 0).
-    fn index(&mut self, n: usize) -> usize {
-        if n == 0 {
-            return 0;
-        }
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// A number in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items.get(self.index(items.len())).copied().unwrap_or("")
-    }
-}
+use crate::common::Rng;
 
 /// What a turn is, for the report and the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,7 +151,7 @@ pub(crate) fn generate(
     }
     let mut templates: Vec<usize> = (0..CONSTRAINT_TEMPLATES).collect();
     for i in (1..templates.len()).rev() {
-        let j = w.rng.index(i + 1);
+        let j = w.rng.below(i + 1);
         templates.swap(i, j);
     }
 
@@ -464,7 +418,7 @@ impl Writer {
         let mut seen = BTreeSet::new();
         let mut paths = Vec::with_capacity(POOL_PATHS);
         while paths.len() < POOL_PATHS {
-            let d = rng.index(DIRS.len());
+            let d = rng.below(DIRS.len());
             let stem = rng.pick(&STEMS);
             let path = format!("{}/{stem}.{}", DIRS[d], exts[d]);
             if seen.insert(path.clone()) {
@@ -484,7 +438,7 @@ impl Writer {
         };
         let mut lines = BTreeSet::new();
         while w.errors.len() < POOL_ERRORS {
-            let p = w.rng.index(w.paths.len());
+            let p = w.rng.below(w.paths.len());
             let line = w.error_line(p);
             if lines.insert(line.clone()) {
                 w.errors.push((line, p));
@@ -497,7 +451,7 @@ impl Writer {
     fn error_line(&mut self, p: usize) -> String {
         let path = &self.paths[p];
         let r = &mut self.rng;
-        match r.index(8) {
+        match r.below(8) {
             0 => format!(
                 "error[E0{}]: mismatched types at {path}:{}:{}",
                 r.range(277, 599),
@@ -550,22 +504,22 @@ impl Writer {
     /// Picks the paths and errors the next phase works on.
     fn new_phase(&mut self) {
         self.focus_paths = (0..FOCUS_PATHS)
-            .map(|_| self.rng.index(self.paths.len()))
+            .map(|_| self.rng.below(self.paths.len()))
             .collect();
         self.focus_errors = (0..FOCUS_ERRORS)
-            .map(|_| self.rng.index(self.errors.len()))
+            .map(|_| self.rng.below(self.errors.len()))
             .collect();
     }
 
     /// A focus path, for prose (not tracked).
     fn mention(&mut self) -> String {
-        let i = self.focus_paths[self.rng.index(self.focus_paths.len())];
+        let i = self.focus_paths[self.rng.below(self.focus_paths.len())];
         self.paths[i].clone()
     }
 
     /// A focus path written into a tool output (tracked).
     fn path(&mut self) -> String {
-        let i = self.focus_paths[self.rng.index(self.focus_paths.len())];
+        let i = self.focus_paths[self.rng.below(self.focus_paths.len())];
         self.used_paths.insert(i);
         self.paths[i].clone()
     }
@@ -573,7 +527,7 @@ impl Writer {
     /// A focus error line written into a tool output (tracked, with the
     /// path it names).
     fn error(&mut self) -> String {
-        let i = self.focus_errors[self.rng.index(self.focus_errors.len())];
+        let i = self.focus_errors[self.rng.below(self.focus_errors.len())];
         self.used_errors.insert(i);
         let (line, p) = &self.errors[i];
         self.used_paths.insert(*p);
@@ -598,7 +552,7 @@ impl Writer {
         let ident = self.rng.pick(&IDENTS);
         let svc = self.rng.pick(&SERVICES);
         let n = self.rng.range(3, 90);
-        match self.rng.index(5) {
+        match self.rng.below(5) {
             0 => format!(
                 "Next task: the nightly export in {p} times out after {n} minutes; find the cause and fix it."
             ),
@@ -619,7 +573,7 @@ impl Writer {
         let module = self.rng.pick(&MODULES);
         let svc = self.rng.pick(&SERVICES);
         let n = self.rng.range(2, 400);
-        match self.rng.index(8) {
+        match self.rng.below(8) {
             0 => format!("Reading {p} to see where {ident} is set."),
             1 => format!(
                 "The trace points at {p}; {ident} is reset on every retry, so the loop gives up after {n} attempts."
@@ -660,7 +614,7 @@ impl Writer {
         let b = self.rng.pick(&IDENTS);
         let m = self.rng.pick(&METHODS);
         let n = self.rng.range(1, 512);
-        match self.rng.index(9) {
+        match self.rng.below(9) {
             0 => format!("    let {a} = {b}.{m}();"),
             1 => format!("    if {a} > {b} {{"),
             2 => format!("        {a} = {a}.saturating_add({n});"),
@@ -678,7 +632,7 @@ impl Writer {
         let svc = self.rng.pick(&SERVICES);
         let n = self.rng.range(1, 5000);
         let ms = self.rng.range(1, 900);
-        match self.rng.index(4) {
+        match self.rng.below(4) {
             0 => format!("{ts} INFO {svc}: processed batch of {n} records in {ms}ms"),
             1 => format!(
                 "{ts} DEBUG {svc}: lease {} renewed, ttl {}s",
@@ -710,7 +664,7 @@ impl Writer {
     /// or a log query, a few hundred to a few thousand tokens.
     fn tool_output(&mut self) -> String {
         let mut lines: Vec<String> = Vec::new();
-        match self.rng.index(10) {
+        match self.rng.below(10) {
             0..=2 => {
                 let p = self.path();
                 lines.push(format!("$ cat {p}"));
