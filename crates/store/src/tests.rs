@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::await_holding_lock)]
 
 #[path = "../tests/support/mod.rs"]
-mod support;
+pub(crate) mod support;
 
 use std::path::Path;
 use std::sync::RwLockReadGuard;

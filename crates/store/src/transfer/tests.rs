@@ -6,92 +6,18 @@
 
 use std::path::Path;
 
-use ctxbroker_core::marker::{CompactionTrigger, Outcome};
-use ctxbroker_core::span::{
-    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
-};
-use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
+use ctxbroker_core::marker::Outcome;
+use ctxbroker_core::span::SpanClass;
+use ctxbroker_core::{Span, SpanId};
 use prost::Message;
 
 use super::{BodyRecord, SessionImport, SnapshotBody, SnapshotPart, snapshot_checksum};
 use crate::keys::{self, TreeId};
+use crate::tests::support::{constraint, marker, record, span};
 use crate::{
     AdmitWrite, CompactionWrite, SessionExport, SessionRecord, Store, StoreError, StoreOptions,
     WriteOp,
 };
-
-fn record(id: &str) -> SessionRecord {
-    SessionRecord::new(id, SessionConfig::with_window(100_000), 1_700_000_000_000)
-}
-
-fn span(id: SpanId, text: &str) -> Span {
-    Span {
-        id,
-        position: id,
-        role: Role::Tool,
-        classification: Classification {
-            class: SpanClass::Narrative,
-            source: ClassSource::Rules,
-            rule: "role:tool".into(),
-        },
-        text: text.to_owned(),
-        tokens: text.len() as u32,
-        generation: 0,
-        turn: id,
-        predicate: None,
-        summary: None,
-        relevance_hint: Some(0.5),
-        admitted_at_ms: 1_700_000_000_000 + id,
-        original: None,
-    }
-}
-
-fn constraint(id: SpanId, text: &str) -> Span {
-    Span {
-        role: Role::User,
-        classification: Classification {
-            class: SpanClass::Constraint,
-            source: ClassSource::Rules,
-            rule: "prohibition:never".into(),
-        },
-        predicate: Some(Predicate {
-            modality: Modality::Prohibition,
-            required_terms: vec!["prod".into()],
-            source: PredicateSource::Derived,
-        }),
-        relevance_hint: None,
-        ..span(id, text)
-    }
-}
-
-fn marker(session: &str, session_seq: u64) -> Marker {
-    Marker {
-        seq: 0,
-        session_id: session.to_owned(),
-        session_seq,
-        trigger: CompactionTrigger::HardBudget,
-        outcome: Outcome::Committed,
-        tokens_before: 900,
-        tokens_after: 400,
-        incoming_tokens: 100,
-        window_tokens: 100_000,
-        budget_tokens: 85_000,
-        pinned_tokens: 20,
-        evicted: vec![],
-        compressed: vec![],
-        summary_span_id: None,
-        summary_generation: 1,
-        pinned_retained: 1,
-        pinned_total: 1,
-        anchors_carried: 1,
-        anchors_dropped: 0,
-        violations: vec![],
-        at_ms: 1_700_000_000_500,
-        session_revision: 3,
-        actor: String::new(),
-        detail: "test".into(),
-    }
-}
 
 /// Sets a record's live totals from its live spans, as the policy does.
 fn with_totals(mut record: SessionRecord, live: &[&Span]) -> SessionRecord {
@@ -145,7 +71,7 @@ async fn populate(store: &Store, id: &str) {
     r.archived_spans = 2;
     r.last_compaction_turn = 2;
     r = with_totals(r, &[&c1, &summary, &s5]);
-    let mut m = marker(id, 1);
+    let mut m = marker(id, 1, Outcome::Committed);
     m.evicted = vec![2, 3];
     m.summary_span_id = Some(4);
     store
