@@ -21,6 +21,19 @@ pub fn parse(args: &[String], index: usize, default: usize) -> Result<usize, Fai
     })
 }
 
+/// The flags of subcommand `name`, parsed; on `--help` or an error, clap's
+/// message is printed and the process exits (0 for help, 2 for an error).
+pub fn flags<T: clap::Parser>(name: &str, args: &[String]) -> T {
+    let argv = std::iter::once(format!("ctxbroker-bench {name}")).chain(args.iter().cloned());
+    match T::try_parse_from(argv) {
+        Ok(flags) => flags,
+        Err(err) => {
+            let _ = err.print();
+            std::process::exit(if err.use_stderr() { 2 } else { 0 });
+        }
+    }
+}
+
 /// A daemon served in this process on a loopback port, with its data in
 /// a temporary directory that goes with it.
 #[derive(Debug)]

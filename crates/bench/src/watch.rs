@@ -90,14 +90,7 @@ pub struct WatchArgs {
 
 /// `watch [flags]`.
 pub async fn watch_main(args: &[String]) -> Result<(), Failure> {
-    let argv = std::iter::once("ctxbroker-bench watch".to_owned()).chain(args.iter().cloned());
-    let args = match WatchArgs::try_parse_from(argv) {
-        Ok(args) => args,
-        Err(err) => {
-            let _ = err.print();
-            std::process::exit(if err.use_stderr() { 2 } else { 0 });
-        }
-    };
+    let args: WatchArgs = crate::common::flags("watch", args);
     run(&args).await
 }
 

@@ -5,22 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
+mod support;
 
-fn bench(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ctxbroker-bench"))
-        .args(args)
-        .output()
-        .expect("the bench binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "ctxbroker-bench {args:?} failed: {}\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use support::bench;
 
 /// The cells of the table row whose first cell is `name` (and, when
 /// given, whose second is `server`).

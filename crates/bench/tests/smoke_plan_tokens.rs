@@ -2,24 +2,9 @@
 //! and print every row, with plausible figures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
+mod support;
 
-/// Runs the bench binary and returns its standard output; fails on a
-/// non-zero exit.
-fn bench(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ctxbroker-bench"))
-        .args(args)
-        .output()
-        .expect("the bench binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "ctxbroker-bench {args:?} exited with {}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use support::bench;
 
 /// The cells of the table rows (not the header or the rule) whose first
 /// cell is `first`.

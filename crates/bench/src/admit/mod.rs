@@ -152,14 +152,7 @@ impl AdmitArgs {
 
 /// `admit [flags]`.
 pub async fn admit_main(args: &[String]) -> Result<(), Failure> {
-    let argv = std::iter::once("ctxbroker-bench admit".to_owned()).chain(args.iter().cloned());
-    let args = match AdmitArgs::try_parse_from(argv) {
-        Ok(args) => args,
-        Err(err) => {
-            let _ = err.print();
-            std::process::exit(if err.use_stderr() { 2 } else { 0 });
-        }
-    };
+    let args: AdmitArgs = crate::common::flags("admit", args);
     run(&args).await
 }
 
