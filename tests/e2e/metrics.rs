@@ -17,7 +17,7 @@ use pb::context_broker_client::ContextBrokerClient;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::support::{admit, create, prose, span, watch_replay, window};
+use crate::support::{admit, create, prose, session, span, watch_replay, window};
 
 /// A daemon that bound both of its addresses itself, read from its log.
 struct Served {
@@ -495,28 +495,8 @@ async fn the_numbers_move_by_exactly_what_was_done() {
     let (stream, replayed) = watch_replay(&mut client, 1).await;
     assert_eq!(replayed.len() as u64, compactions + 1);
 
-    let m = client
-        .get_session(pb::GetSessionRequest {
-            session_id: "m".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap()
-        .totals
-        .unwrap();
-    let small = client
-        .get_session(pb::GetSessionRequest {
-            session_id: "small".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap()
-        .totals
-        .unwrap();
+    let m = session(&mut client, "m").await.totals.unwrap();
+    let small = session(&mut client, "small").await.totals.unwrap();
 
     let metrics = daemon.metrics;
     let after = tokio::task::spawn_blocking(move || {
