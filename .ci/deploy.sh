@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 venv=target/deploy-check/venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet yamllint==1.38.0 kubernetes-validate==1.37.0 \
-  envoy-data-plane==2.2.0 PyYAML==6.0.4 dockerfile-parse==2.0.1
+"$venv/bin/python" -m pip install --quiet -r deploy/requirements-check.txt
 cargo build --bin ctxbrokerd
 PATH=$PWD/$venv/bin:$PATH bash deploy/check.sh

@@ -4,7 +4,7 @@
 # repository root, after `cargo build --bin ctxbrokerd`:
 #
 #   python3 -m venv /tmp/deploy-check
-#   /tmp/deploy-check/bin/pip install yamllint kubernetes-validate envoy-data-plane pyyaml dockerfile-parse
+#   /tmp/deploy-check/bin/pip install -r deploy/requirements-check.txt
 #   apt-get install -y shellcheck        # systemd (systemd-analyze) and kubectl must be present
 #   PATH=/tmp/deploy-check/bin:$PATH bash deploy/check.sh
 #
@@ -17,6 +17,15 @@ step() { printf '\n== %s\n' "$1"; }
 need() {
   if ! command -v "$1" > /dev/null; then
     echo "MISSING: $1"
+    failed=1
+    return 1
+  fi
+}
+# The daemon the checks run, built by `cargo build --bin ctxbrokerd`.
+daemon=target/debug/ctxbrokerd
+need_daemon() {
+  if [[ ! -x $daemon ]]; then
+    echo "MISSING: $daemon (cargo build --bin ctxbrokerd)"
     failed=1
     return 1
   fi
@@ -50,12 +59,7 @@ if need systemd-analyze; then
   root=$(mktemp -d)
   mkdir -p "$root/usr/local/bin" "$root/etc/systemd/system" "$root/usr/lib/systemd"
   cp -r /lib/systemd/system "$root/usr/lib/systemd/"
-  if [[ -x target/debug/ctxbrokerd ]]; then
-    cp target/debug/ctxbrokerd "$root/usr/local/bin/ctxbrokerd"
-  else
-    echo "MISSING: target/debug/ctxbrokerd (cargo build --bin ctxbrokerd)"
-    failed=1
-  fi
+  need_daemon && cp "$daemon" "$root/usr/local/bin/ctxbrokerd"
   cp deploy/systemd/ctxbroker.service deploy/systemd/ctxbroker.socket "$root/etc/systemd/system/"
   run systemd-analyze verify --root="$root" /etc/systemd/system/ctxbroker.service /etc/systemd/system/ctxbroker.socket \
     && echo "verify: ok"
@@ -64,11 +68,11 @@ if need systemd-analyze; then
 fi
 
 step "Daemon settings: ctxbrokerd check-config"
-for file in deploy/k8s/ctxbroker.toml deploy/systemd/ctxbroker.toml; do
-  if [[ -x target/debug/ctxbrokerd ]]; then
-    run target/debug/ctxbrokerd check-config "$file" > /dev/null && echo "$file: valid"
-  fi
-done
+if need_daemon; then
+  for file in deploy/k8s/ctxbroker.toml deploy/systemd/ctxbroker.toml; do
+    run "$daemon" check-config "$file" > /dev/null && echo "$file: valid"
+  done
+fi
 
 step "Dockerfile: parse (dockerfile-parse) and check the runtime stage"
 need python3 && run python3 - <<'PY'
@@ -86,11 +90,6 @@ assert any(i["instruction"] == "VOLUME" and "/var/lib/ctxbroker" in i["value"] f
 assert any(i["instruction"] == "COPY" and "--from=build" in i["value"] for i in tail), "binary not copied from the build stage"
 print(f"stages {stages}; runtime user {user[-1]}; volume and binary copy present")
 PY
-
-step "Grafana: the dashboard's queries against a running daemon's /metrics (grafana/check.py)"
-if [[ -x target/debug/ctxbrokerd ]] && need python3; then
-  run python3 deploy/grafana/check.py target/debug/ctxbrokerd
-fi
 
 step "Scripts: shellcheck"
 need shellcheck && run shellcheck deploy/scripts/move-session.sh deploy/check.sh && echo "shellcheck: ok"

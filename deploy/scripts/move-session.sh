@@ -29,7 +29,7 @@ if [[ "${1:-}" == "-k" ]]; then
   shift
 fi
 if [[ $# -ne 3 ]]; then
-  sed -n '2,24p' "$0" >&2
+  sed -n '2,23p' "$0" >&2
   exit 2
 fi
 id=$1 from=$2 to=$3
@@ -61,7 +61,7 @@ echo "  revision ${revision}, $(jq -r '.snapshotBytes' "$work/export.json") byte
   "$(jq -r '.idempotencyKeys // "0"' "$work/export.json") idempotency keys" >&2
 
 echo "importing into ${to}" >&2
-jq '{snapshot: .snapshot}' "$work/export.json" | call "$to" ImportSession "${to_headers[@]}" > "$work/import.json"
+jq '{snapshot: .snapshot}' "$work/export.json" | call "$to" ImportSession "${to_headers[@]}" > /dev/null
 
 echo "checking that both read the same" >&2
 for side in from to; do
