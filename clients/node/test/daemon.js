@@ -1,6 +1,6 @@
 // Runs a real ctxbrokerd for the tests: a fresh temporary data directory,
 // `--listen 127.0.0.1:0` with the bound address read from the daemon's own
-// `serving` log line, readiness by the gRPC health check, and restarts on
+// `serving` log line, readiness by the first answered GetServerInfo, and restarts on
 // the same data directory and the same port (the daemon binds with
 // SO_REUSEADDR, so the port is free again as soon as the process is gone).
 'use strict';
@@ -11,7 +11,7 @@ const path = require('node:path');
 const readline = require('node:readline');
 const { spawn } = require('node:child_process');
 const grpc = require('@grpc/grpc-js');
-const protoLoader = require('@grpc/proto-loader');
+const { connect } = require('../watch.js');
 
 const REPO = path.join(__dirname, '..', '..', '..');
 
@@ -25,43 +25,6 @@ function binary() {
   throw new Error('no ctxbrokerd binary: set CTXBROKERD or run `cargo build --bin ctxbrokerd`');
 }
 
-// grpc.health.v1, which the daemon serves; small enough to state here.
-const HEALTH = grpc.loadPackageDefinition(
-  protoLoader.fromJSON(
-    {
-      nested: {
-        grpc: {
-          nested: {
-            health: {
-              nested: {
-                v1: {
-                  nested: {
-                    HealthCheckRequest: { fields: { service: { type: 'string', id: 1 } } },
-                    HealthCheckResponse: {
-                      fields: { status: { type: 'ServingStatus', id: 1 } },
-                      nested: {
-                        ServingStatus: {
-                          values: { UNKNOWN: 0, SERVING: 1, NOT_SERVING: 2, SERVICE_UNKNOWN: 3 },
-                        },
-                      },
-                    },
-                    Health: {
-                      methods: {
-                        Check: { requestType: 'HealthCheckRequest', responseType: 'HealthCheckResponse' },
-                      },
-                    },
-                  },
-                },
-              },
-            },
-          },
-        },
-      },
-    },
-    { enums: String },
-  ),
-).grpc.health.v1;
-
 class Daemon {
   constructor(args = []) {
     this.temp = fs.mkdtempSync(path.join(os.tmpdir(), 'ctxbroker-node-'));
@@ -73,7 +36,7 @@ class Daemon {
   }
 
   /** Starts the daemon (on the same port as before, after the first start)
-   * and resolves once its health check says SERVING. */
+   * and resolves once it answers. */
   async start() {
     const listen = this.address || '127.0.0.1:0';
     const log = fs.openSync(this.logPath, 'a');
@@ -107,20 +70,13 @@ class Daemon {
     await this.waitServing(60_000);
   }
 
+  /** Resolves once the daemon answers GetServerInfo (within the deadline). */
   async waitServing(timeoutMs) {
-    const health = new HEALTH.Health(this.address, grpc.credentials.createInsecure());
+    const client = connect(this.address);
     try {
-      const reply = await new Promise((resolve, reject) => {
-        health.Check(
-          { service: '' },
-          new grpc.Metadata({ waitForReady: true }),
-          { deadline: Date.now() + timeoutMs },
-          (err, res) => (err ? reject(err) : resolve(res)),
-        );
-      });
-      if (reply.status !== 'SERVING') throw new Error(`health is ${reply.status}`);
+      await unary(client, 'GetServerInfo', {}, timeoutMs);
     } finally {
-      health.close();
+      client.close();
     }
   }
 

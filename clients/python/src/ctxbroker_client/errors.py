@@ -76,13 +76,16 @@ class BrokerError(Exception):
         #: Plain trailing metadata (e.g. ``resume-from-seq``).
         self.trailers: Mapping[str, str] = dict(trailers or {})
 
-    def metadata_int(self, key: str) -> int | None:
-        """An ErrorInfo metadata value as an integer, or None."""
-        value = self.metadata.get(key)
-        try:
-            return int(value) if value is not None else None
-        except ValueError:
-            return None
+    def metadata_int(self, key: str, trailer: str | None = None) -> int | None:
+        """An ErrorInfo metadata value as an integer, else the trailer
+        ``trailer`` as one (when given), or None."""
+        for value in (self.metadata.get(key), self.trailers.get(trailer) if trailer else None):
+            try:
+                if value is not None:
+                    return int(value)
+            except ValueError:
+                pass
+        return None
 
 
 class InvalidArgument(BrokerError):
@@ -183,13 +186,7 @@ class MarkerOutOfRange(OutOfRange):
     @property
     def oldest_seq(self) -> int | None:
         """The oldest marker still retained."""
-        value = self.metadata_int("oldest_seq")
-        if value is None and "oldest-seq" in self.trailers:
-            try:
-                value = int(self.trailers["oldest-seq"])
-            except ValueError:
-                value = None
-        return value
+        return self.metadata_int("oldest_seq", "oldest-seq")
 
 
 class ResourceExhausted(BrokerError):
@@ -203,13 +200,7 @@ class Unavailable(BrokerError):
     @property
     def resume_from_seq(self) -> int | None:
         """For a watch ended by shutdown: where to resume."""
-        value = self.metadata_int("resume_from_seq")
-        if value is None and "resume-from-seq" in self.trailers:
-            try:
-                value = int(self.trailers["resume-from-seq"])
-            except ValueError:
-                value = None
-        return value
+        return self.metadata_int("resume_from_seq", "resume-from-seq")
 
 
 class DeadlineExceeded(BrokerError):

@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -69,8 +69,8 @@ class MarkerWatch(Iterator[pb.CompactionMarker]):
         self._max_backoff = max_backoff
         self._give_up_after = give_up_after
         self._on_reconnect = on_reconnect
-        self._call: grpc.Call | None = None
-        self._stream: Iterator[pb.WatchCompactionsResponse] | None = None
+        #: The open stream (a grpc call is also the iterator of its replies).
+        self._call: Any = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
         #: The first sequence not yet delivered; None until known (before
@@ -128,13 +128,12 @@ class MarkerWatch(Iterator[pb.CompactionMarker]):
         call = self._broker.stub.WatchCompactions(self._request(), metadata=self._broker.metadata)
         with self._lock:
             self._call = call
-            self._stream = call
         if self._closed.is_set():
             call.cancel()
 
     def _drop(self) -> None:
         with self._lock:
-            call, self._call, self._stream = self._call, None, None
+            call, self._call = self._call, None
         if call is not None:
             call.cancel()
 
@@ -145,11 +144,10 @@ class MarkerWatch(Iterator[pb.CompactionMarker]):
             if self._closed.is_set():
                 self._drop()
                 raise StopIteration
-            if self._stream is None:
+            if self._call is None:
                 self._open()
-            assert self._stream is not None
             try:
-                event = next(self._stream)
+                event = next(self._call)
             except StopIteration:
                 # The daemon ended the stream without a status: resume.
                 err: BrokerError | None = None
