@@ -38,13 +38,17 @@ pub struct AdmissionInput<'a> {
     pub now_ms: u64,
 }
 
-/// The outcome of an admission.
+/// The outcome of an admission. `C` is what was made of a verified
+/// compaction: a [`Compaction`] from [`decide`].
+// Made once per admission and matched at once: boxing the refusal would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum Decision<C = Compaction> {
     /// Live + incoming is within the budget: append the turn.
     Fits,
     /// A verified compaction makes room: commit it with the turn.
-    Compact(Compaction),
+    Compact(C),
     /// The turn cannot be admitted; nothing changes.
     Refuse(Refusal),
 }
@@ -75,29 +79,11 @@ pub struct Refusal {
 /// Decides whether the incoming turn fits, needs a compaction, or must be
 /// refused. Relevance is weighted as `input.config.relevance` says.
 pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
-    let decided = decide_with(input, counter, |plan, post, verdict| Compaction {
+    decide_with(input, counter, |plan, post, verdict| Compaction {
         plan,
         post: post.iter().map(|&s| s.clone()).collect(),
         verdict,
-    });
-    match decided {
-        Decided::Fits => Decision::Fits,
-        Decided::Compact(c) => Decision::Compact(c),
-        Decided::Refuse(r) => Decision::Refuse(r),
-    }
-}
-
-/// A [`Decision`] whose compaction is whatever the caller made of it.
-// Made once per admission and matched at once: boxing the refusal would
-// only add an allocation.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Decided<T> {
-    /// The turn fits as it is.
-    Fits,
-    /// What `compact` made of the verified plan.
-    Compact(T),
-    /// The turn cannot be admitted.
-    Refuse(Refusal),
+    })
 }
 
 /// [`decide`], handing a verified compaction to `compact` with the
@@ -108,7 +94,7 @@ pub(crate) fn decide_with<T>(
     input: &AdmissionInput<'_>,
     counter: &dyn TokenCounter,
     compact: impl FnOnce(Plan, &[&Span], Verdict) -> T,
-) -> Decided<T> {
+) -> Decision<T> {
     let config = input.config;
     let total = |spans: &[Span], pinned_only: bool| -> u64 {
         spans
@@ -130,7 +116,7 @@ pub(crate) fn decide_with<T>(
         window: u64::from(config.window_tokens),
     };
     if live + incoming <= budget {
-        return Decided::Fits;
+        return Decision::Fits;
     }
     // The least the live constraints can be brought to; only computed
     // when they do not leave room as they stand.
@@ -183,9 +169,9 @@ pub(crate) fn decide_with<T>(
     let post = apply_refs(input.live, &plan, &made);
     let verdict = verify_refs(input.live, &plan, &post, incoming, config, counter);
     if verdict.passed() {
-        Decided::Compact(compact(plan, &post, verdict))
+        Decision::Compact(compact(plan, &post, verdict))
     } else {
-        Decided::Refuse(Refusal {
+        Decision::Refuse(Refusal {
             sizes,
             violations: verdict.violations,
             plan: Some(plan),
@@ -193,8 +179,8 @@ pub(crate) fn decide_with<T>(
     }
 }
 
-fn refuse<T>(sizes: Sizes, kind: ViolationKind, detail: String) -> Decided<T> {
-    Decided::Refuse(Refusal {
+fn refuse<T>(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision<T> {
+    Decision::Refuse(Refusal {
         sizes,
         violations: vec![Violation {
             kind,
@@ -217,7 +203,7 @@ mod tests {
         crate::testing::admitted(id, id, role, text)
     }
 
-    fn decide_with(config: &SessionConfig, live: &[Span], incoming: &[Span]) -> Decision {
+    fn decide_for(config: &SessionConfig, live: &[Span], incoming: &[Span]) -> Decision {
         let next = incoming.iter().chain(live).map(|s| s.id).max().unwrap_or(0) + 1;
         let input = AdmissionInput {
             config,
@@ -253,7 +239,7 @@ mod tests {
     fn fits_when_within_budget() {
         let config = SessionConfig::with_window(100_000);
         let incoming = [span(21, Role::User, "next")];
-        assert_eq!(decide_with(&config, &session(), &incoming), Decision::Fits);
+        assert_eq!(decide_for(&config, &session(), &incoming), Decision::Fits);
     }
 
     #[test]
@@ -266,7 +252,7 @@ mod tests {
             Role::User,
             &format!("Apply the staging overlays now. {}", "w".repeat(400)),
         )];
-        let Decision::Compact(c) = decide_with(&config, &live, &incoming) else {
+        let Decision::Compact(c) = decide_for(&config, &live, &incoming) else {
             panic!("expected a compaction");
         };
         assert!(c.verdict.passed());
@@ -285,7 +271,7 @@ mod tests {
             Role::User,
             &format!("Always keep {}", "q".repeat(100)),
         )];
-        let Decision::Refuse(r) = decide_with(&config, &live, &incoming) else {
+        let Decision::Refuse(r) = decide_for(&config, &live, &incoming) else {
             panic!("expected a refusal");
         };
         assert_eq!(r.violations[0].kind, ViolationKind::PinnedExceedBudget);
@@ -306,7 +292,7 @@ mod tests {
         let live = session();
         let config = SessionConfig::with_window(1_000);
         let incoming = [span(21, Role::Tool, &"t".repeat(2_000))];
-        let Decision::Refuse(r) = decide_with(&config, &live, &incoming) else {
+        let Decision::Refuse(r) = decide_for(&config, &live, &incoming) else {
             panic!("expected a refusal");
         };
         assert_eq!(r.violations.len(), 1);

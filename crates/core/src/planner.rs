@@ -752,41 +752,31 @@ mod tests {
         };
         let mut summary = filler(50, 13, 1);
         summary.position = 3;
+        // A plan with these parts and every count zero.
+        let plan = |evicted, summary, compressed| Plan {
+            evicted,
+            summary,
+            compressed,
+            tokens_before: 0,
+            tokens_after: 0,
+            incoming_tokens: 0,
+            target_tokens: 0,
+            anchors_carried: 0,
+            anchors_dropped: 0,
+        };
         let plans = [
-            Plan {
-                evicted: vec![eviction(3), eviction(4), eviction(9)],
-                summary: Some(summary.clone()),
-                compressed: vec![form(5, "Never touch prod."), form(2, "Never prod.")],
-                tokens_before: 0,
-                tokens_after: 0,
-                incoming_tokens: 0,
-                target_tokens: 0,
-                anchors_carried: 0,
-                anchors_dropped: 0,
-            },
-            Plan {
-                // A form for an evicted span and two forms for one span.
-                evicted: vec![eviction(3), eviction(5)],
-                summary: Some(summary),
-                compressed: vec![form(5, "Never."), form(9, "No prod."), form(9, "No.")],
-                tokens_before: 0,
-                tokens_after: 0,
-                incoming_tokens: 0,
-                target_tokens: 0,
-                anchors_carried: 0,
-                anchors_dropped: 0,
-            },
-            Plan {
-                evicted: vec![],
-                summary: None,
-                compressed: vec![form(11, "Eleven.")],
-                tokens_before: 0,
-                tokens_after: 0,
-                incoming_tokens: 0,
-                target_tokens: 0,
-                anchors_carried: 0,
-                anchors_dropped: 0,
-            },
+            plan(
+                vec![eviction(3), eviction(4), eviction(9)],
+                Some(summary.clone()),
+                vec![form(5, "Never touch prod."), form(2, "Never prod.")],
+            ),
+            // A form for an evicted span and two forms for one span.
+            plan(
+                vec![eviction(3), eviction(5)],
+                Some(summary),
+                vec![form(5, "Never."), form(9, "No prod."), form(9, "No.")],
+            ),
+            plan(vec![], None, vec![form(11, "Eleven.")]),
         ];
         for p in &plans {
             assert_eq!(apply(&live, p), plain_apply(&live, p), "{p:?}");

@@ -27,7 +27,9 @@
 //! text is scanned once and only the query's words are looked up, so the
 //! cost is linear in the total text.
 
-use crate::fasthash::{self, FastSet};
+use std::hash::{BuildHasher, Hasher};
+
+use crate::fasthash::{self, FastSet, FastState};
 use crate::span::Span;
 
 /// Lengths at or above this many tokens get the full length term.
@@ -293,10 +295,11 @@ fn counts(word: &str) -> bool {
     word.len() >= 2 && !IGNORED.contains(&word)
 }
 
-/// The query's distinct terms, looked up by a hash of a word's length and
-/// its first and last eight bytes (ASCII letters folded to lower case), so
-/// that a span's word is hashed in constant time without being copied or
-/// lower-cased first, and most words are rejected by one probe.
+/// The query's distinct terms, looked up by a seeded hash of a word's
+/// length and its first and last eight bytes (ASCII letters folded to
+/// lower case), so that a span's word is hashed in constant time without
+/// being copied or lower-cased first, and most words are rejected by one
+/// probe.
 struct Terms {
     /// The terms, lower-cased, in order of first appearance.
     words: Vec<String>,
@@ -306,6 +309,9 @@ struct Terms {
     /// Open addressing: (tag, term index + 1), 0 for an empty slot.
     slots: Vec<(u32, u32)>,
     mask: usize,
+    /// The per-process seeded hasher of the crate's maps: the terms come
+    /// from client text, so colliding words cannot be precomputed.
+    state: FastState,
 }
 
 impl Terms {
@@ -316,6 +322,7 @@ impl Terms {
             mask: size - 1,
             words: Vec::new(),
             shapes: [0; 256],
+            state: FastState::default(),
         };
         for (i, w) in words.iter().enumerate() {
             if let Some(&first) = w.as_bytes().first() {
@@ -325,7 +332,7 @@ impl Terms {
                 terms.shapes[usize::from(first)] |= bit;
                 terms.shapes[usize::from(first.to_ascii_uppercase())] |= bit;
             }
-            let h = word_hash(w.as_bytes());
+            let h = terms.hash(w.as_bytes());
             let mut at = (h as usize) & terms.mask;
             while terms.slots[at].1 != 0 {
                 at = (at + 1) & terms.mask;
@@ -351,7 +358,7 @@ impl Terms {
     /// [`Terms::find`] past the shape filter.
     #[inline(never)]
     fn probe(&self, word: &[u8], fold: bool) -> Option<u32> {
-        let h = word_hash(word);
+        let h = self.hash(word);
         let tag = (h >> 32) as u32;
         let mut at = (h as usize) & self.mask;
         loop {
@@ -372,6 +379,30 @@ impl Terms {
             }
             at = (at + 1) & self.mask;
         }
+    }
+
+    /// A seeded hash of a word's length and bytes (all of them up to 16
+    /// bytes, the first and last eight beyond), each byte with bit 0x20
+    /// set: an ASCII capital hashes like its lower case, so a word and its
+    /// lower-cased form hash alike. Constant time, no copy.
+    fn hash(&self, w: &[u8]) -> u64 {
+        const FOLD: u64 = 0x2020_2020_2020_2020;
+        let n = w.len();
+        let (head, tail) = if n >= 8 {
+            (load64(w, 0), load64(w, n - 8))
+        } else if n >= 4 {
+            (load32(w, 0), load32(w, n - 4))
+        } else if n > 0 {
+            let three = u64::from(w[0]) | (u64::from(w[n / 2]) << 8) | (u64::from(w[n - 1]) << 16);
+            (three, 0)
+        } else {
+            (0, 0)
+        };
+        let mut h = self.state.build_hasher();
+        h.write_u64(head | FOLD);
+        h.write_u64(tail | FOLD);
+        h.write_usize(n);
+        h.finish()
     }
 }
 
@@ -418,31 +449,6 @@ fn load32(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 4)
         .and_then(|s| <[u8; 4]>::try_from(s).ok())
         .map_or(0, |a| u64::from(u32::from_le_bytes(a)))
-}
-
-/// A hash of a word's length and bytes (all of them up to 16 bytes, the
-/// first and last eight beyond), each byte with bit 0x20 set: an ASCII
-/// capital hashes like its lower case, so a word and its lower-cased form
-/// hash alike. Constant time, no copy.
-fn word_hash(w: &[u8]) -> u64 {
-    const FOLD: u64 = 0x2020_2020_2020_2020;
-    let n = w.len();
-    let (head, tail) = if n >= 8 {
-        (load64(w, 0), load64(w, n - 8))
-    } else if n >= 4 {
-        (load32(w, 0), load32(w, n - 4))
-    } else if n > 0 {
-        let three = u64::from(w[0]) | (u64::from(w[n / 2]) << 8) | (u64::from(w[n - 1]) << 16);
-        (three, 0)
-    } else {
-        (0, 0)
-    };
-    let x = (head | FOLD).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        ^ (tail | FOLD)
-            .rotate_left(31)
-            .wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
-        ^ (n as u64);
-    (x ^ (x >> 29)).wrapping_mul(0x94d0_49bb_1331_11eb) ^ (x >> 32)
 }
 
 /// BM25 of each span against the query, normalised by the best.

@@ -1,7 +1,7 @@
 //! A session's state as the policy sees it: its record (configuration and
 //! counters) and, around it, the operations that change it.
 
-use crate::admission::{self, AdmissionInput, Decided};
+use crate::admission::{self, AdmissionInput, Decision};
 use crate::config::{AnchorPolicy, ClassifierMode, SessionConfig, SessionMode, TriggerPolicy};
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::marker::{CompactionTrigger, Marker, Outcome};
@@ -335,6 +335,23 @@ fn t32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
+/// For each `wanted` id, the index in `ids` of its first occurrence
+/// (`None` when it does not occur): one pass over `ids`, not one per
+/// wanted id. A wanted id listed twice has one entry.
+fn first_indices(
+    wanted: impl ExactSizeIterator<Item = SpanId>,
+    ids: impl Iterator<Item = SpanId>,
+) -> FastMap<SpanId, Option<usize>> {
+    let mut first: FastMap<SpanId, Option<usize>> = fasthash::map(wanted.len());
+    first.extend(wanted.map(|id| (id, None)));
+    for (i, id) in ids.enumerate() {
+        if let Some(slot @ None) = first.get_mut(&id) {
+            *slot = Some(i);
+        }
+    }
+    first
+}
+
 impl Session {
     /// A session from its stored state.
     pub fn new(record: SessionRecord, spans: Vec<Span>) -> Session {
@@ -363,13 +380,10 @@ impl Session {
         }
         if !change.replace.is_empty() {
             // Each replacement goes to the first live span with its id.
-            let mut first: FastMap<SpanId, Option<usize>> = fasthash::map(change.replace.len());
-            first.extend(change.replace.iter().map(|s| (s.id, None)));
-            for (i, s) in self.spans.iter().enumerate() {
-                if let Some(slot @ None) = first.get_mut(&s.id) {
-                    *slot = Some(i);
-                }
-            }
+            let first = first_indices(
+                change.replace.iter().map(|s| s.id),
+                self.spans.iter().map(|s| s.id),
+            );
             for span in &change.replace {
                 if let Some(&Some(i)) = first.get(&span.id) {
                     self.spans[i] = span.clone();
@@ -435,16 +449,16 @@ impl Session {
             },
         );
         match decision {
-            Decided::Fits => Ok(self.admission(spans, unclassified, now_ms)),
-            Decided::Refuse(refusal) => Err(self.escalation(
+            Decision::Fits => Ok(self.admission(spans, unclassified, now_ms)),
+            Decision::Refuse(refusal) => Err(self.escalation(
                 CompactionTrigger::HardBudget,
                 refusal.sizes,
                 refusal.violations,
                 "",
                 now_ms,
             )),
-            Decided::Compact(Some(change)) => Ok(change),
-            Decided::Compact(None) => {
+            Decision::Compact(Some(change)) => Ok(change),
+            Decision::Compact(None) => {
                 let sizes = self.sizes(&spans);
                 let outcome = self.plan(sizes.incoming, None, now_ms, counter);
                 if outcome.verdict.passed() {
@@ -1228,16 +1242,14 @@ impl Session {
         } else {
             // For each compressed form, in the plan's order, the first span
             // of post with its id: one pass over post, not one per form.
-            let mut first: FastMap<SpanId, Option<&Span>> = fasthash::map(plan.compressed.len());
-            first.extend(plan.compressed.iter().map(|f| (f.span_id, None)));
-            for &s in post {
-                if let Some(slot @ None) = first.get_mut(&s.id) {
-                    *slot = Some(s);
-                }
-            }
+            let first = first_indices(
+                plan.compressed.iter().map(|f| f.span_id),
+                post.iter().map(|s| s.id),
+            );
             plan.compressed
                 .iter()
-                .filter_map(|f| first.get(&f.span_id).copied().flatten().cloned())
+                .filter_map(|f| first.get(&f.span_id).copied().flatten())
+                .map(|i| post[i].clone())
                 .collect()
         };
         let summary = plan.summary.clone();

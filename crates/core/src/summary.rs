@@ -409,11 +409,8 @@ impl Writer<'_> {
         // Each key classifies its anchor (error line, path, ...): compute
         // it once per anchor, not twice per comparison. Keys are distinct
         // (they end with the index), so the order is the same either way.
-        let mut keyed: Vec<_> = (0..candidates.len())
-            .map(|i| (std::cmp::Reverse(keep_key(candidates, i)), i))
-            .collect();
-        keyed.sort_unstable_by_key(|&(key, _)| key);
-        let order = keyed.into_iter().map(|(_, i)| i);
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.sort_by_cached_key(|&i| std::cmp::Reverse(keep_key(candidates, i)));
         let mut kept = Vec::new();
         let mut inside: FastSet<String> = fasthash::set(candidates.len());
         for i in order {
