@@ -314,35 +314,16 @@ impl Broker {
         id: &str,
         config: SessionConfig,
     ) -> Result<SessionRecord, ApiError> {
-        let mut slot = self.sessions.lock_for_create(id).await;
-        if slot.is_some() {
-            return Err(ApiError::SessionExists(id.to_owned()));
-        }
-        let max = self.limits.max_sessions;
-        if self.session_count.fetch_add(1, Ordering::SeqCst) >= max {
-            self.session_count.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::SessionLimit { max });
-        }
         let session = Session::create(id, config, now_ms());
         let record = session.record.clone();
-        let written = self
-            .store
-            .write(WriteOp::CreateSession {
-                record: record.clone(),
-            })
-            .await;
-        if let Err(err) = written {
-            self.session_count.fetch_sub(1, Ordering::SeqCst);
-            return Err(err.into());
-        }
-        self.sessions
-            .remember_tokenizer(id, record.config.tokenizer);
-        *slot = Some(Loaded {
-            session,
-            stale: false,
-            gone: false,
-        });
-        self.guard_staleness(&record);
+        let store = &self.store;
+        let write = async move {
+            store
+                .write(WriteOp::CreateSession { record })
+                .await
+                .map(|_| ())
+        };
+        let record = self.adopt_session(session, write).await?;
         info!(
             session_id = id,
             window = record.config.window_tokens,
@@ -424,10 +405,11 @@ impl Broker {
         Ok(ack.spans_deleted)
     }
 
-    /// Adds a session made elsewhere (an imported snapshot, see
-    /// `transfer`), which `write` stores whole, under the rules of
-    /// [`Broker::create_session`]: the id must be free, the session counts
-    /// against `max_sessions`, and once written it is served from memory
+    /// Adds a session that `write` stores whole: a new one
+    /// ([`Broker::create_session`]) or one made elsewhere (an imported
+    /// snapshot, see `transfer`). The id must be free, the session counts
+    /// against `max_sessions` (reserved before `write` runs, so concurrent
+    /// adds cannot overshoot it), and once written it is served from memory
     /// like any other, with its staleness guard and, when it stands above
     /// its soft watermark with a turn since its last compaction, the
     /// background pre-compaction its own server would have queued.
@@ -453,18 +435,10 @@ impl Broker {
         let record = session.record.clone();
         self.sessions
             .remember_tokenizer(&id, record.config.tokenizer);
-        *slot = Some(Loaded {
-            session,
-            stale: false,
-            gone: false,
-        });
+        *slot = Some(Loaded::new(session));
         drop(slot);
         self.guard_staleness(&record);
-        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
-            && record.turns > record.last_compaction_turn
-        {
-            self.queue_soft(&id);
-        }
+        self.queue_soft_if_above(&record);
         Ok(record)
     }
 
@@ -550,14 +524,9 @@ impl Broker {
             marker
         });
         let record = loaded.session.record.clone();
-        // Above the soft watermark with something admitted since the last
-        // compaction: make room in the background, so that the admission
-        // that crosses the budget usually finds it made.
-        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
-            && record.turns > record.last_compaction_turn
-        {
-            self.queue_soft(id);
-        }
+        // Make room in the background, so that the admission that crosses
+        // the budget usually finds it made.
+        self.queue_soft_if_above(&record);
         Ok(Admitted {
             spans: change
                 .append
@@ -770,6 +739,17 @@ impl Broker {
                 _ => return,
             }
             tokio::task::yield_now().await;
+        }
+    }
+
+    /// Queues the session's background pre-compaction when it stands
+    /// above its soft watermark with something admitted since its last
+    /// compaction.
+    fn queue_soft_if_above(&self, record: &SessionRecord) {
+        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
+            && record.turns > record.last_compaction_turn
+        {
+            self.queue_soft(&record.id);
         }
     }
 

@@ -45,6 +45,8 @@ pub mod reason {
     pub const MAX_SESSIONS: &str = "MAX_SESSIONS";
     /// The server holds its maximum number of streams.
     pub const MAX_STREAMS: &str = "MAX_STREAMS";
+    /// An exported session would not fit in an ImportSession request.
+    pub const SNAPSHOT_TOO_LARGE: &str = "SNAPSHOT_TOO_LARGE";
     /// The RPC is part of the contract but not served by this build.
     pub const NOT_IMPLEMENTED: &str = "NOT_IMPLEMENTED";
     /// The server is shutting down; retry elsewhere or later.
@@ -227,6 +229,21 @@ pub enum ApiError {
     #[error("the server holds its maximum of {max} concurrent streams")]
     StreamLimit {
         /// The limit.
+        max: usize,
+    },
+    /// A session exports to a snapshot an `ImportSession` request could
+    /// not carry under `max_request_bytes`.
+    #[error(
+        "session {session_id:?} exports to a snapshot of {snapshot_bytes} bytes: an ImportSession request carrying it ({request_bytes} bytes) would exceed max_request_bytes = {max}; raise max_request_bytes on both servers (and the client's receive limit) to move it"
+    )]
+    SnapshotTooLarge {
+        /// The session.
+        session_id: String,
+        /// The snapshot's encoded size.
+        snapshot_bytes: usize,
+        /// The size of the ImportSession request carrying it.
+        request_bytes: usize,
+        /// The limit it exceeds.
         max: usize,
     },
     /// Part of the contract that this build does not serve yet.
@@ -432,6 +449,18 @@ impl ApiError {
             ApiError::StreamLimit { max } => {
                 metadata.insert("max_concurrent_streams".into(), max.to_string());
                 (Code::ResourceExhausted, reason::MAX_STREAMS)
+            }
+            ApiError::SnapshotTooLarge {
+                session_id,
+                snapshot_bytes,
+                request_bytes,
+                max,
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                metadata.insert("snapshot_bytes".into(), snapshot_bytes.to_string());
+                metadata.insert("request_bytes".into(), request_bytes.to_string());
+                metadata.insert("max_request_bytes".into(), max.to_string());
+                (Code::ResourceExhausted, reason::SNAPSHOT_TOO_LARGE)
             }
             ApiError::NotImplemented { rpc, .. } => {
                 metadata.insert("rpc".into(), (*rpc).to_owned());

@@ -44,7 +44,9 @@ pub struct BrokerService {
     build: BuildInfo,
     started_at_ms: u64,
     durability: Durability,
-    metrics: Arc<Metrics>,
+    /// Where admissions and watches are counted; nowhere until
+    /// [`BrokerService::with_metrics`].
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl BrokerService {
@@ -65,13 +67,13 @@ impl BrokerService {
             build,
             started_at_ms: now_ms(),
             durability,
-            metrics: Arc::new(Metrics::new(build, 0)),
+            metrics: None,
         }
     }
 
     /// Records admissions and watches in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
+        self.metrics = Some(metrics);
         self
     }
 
@@ -95,7 +97,9 @@ impl BrokerService {
 
     async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
         let result = self.admit_checked(req).await;
-        self.metrics.admission(&result);
+        if let Some(metrics) = &self.metrics {
+            metrics.admission(&result);
+        }
         result
     }
 
@@ -702,7 +706,9 @@ impl ContextBroker for BrokerService {
         let filter = (!req.session_ids.is_empty())
             .then(|| req.session_ids.iter().cloned().collect::<HashSet<_>>());
         let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?;
-        feed.track(self.metrics.watcher(feed.next_seq()));
+        if let Some(metrics) = &self.metrics {
+            feed.track(metrics.watcher(feed.next_seq()));
+        }
         Ok(Response::new(WatchStream::new(
             feed,
             self.shutdown.clone(),

@@ -43,6 +43,40 @@ pub struct Loaded {
     /// Set when the session was deleted: holders of the old slot retry with
     /// a fresh one.
     pub gone: bool,
+    /// The revision and result of the last [`estimate`] of `session`: a
+    /// read-only turn leaves the session as it was and is not estimated
+    /// again.
+    estimated: Option<(u64, u64)>,
+}
+
+impl Loaded {
+    /// A session as the store acknowledged it.
+    pub fn new(session: Session) -> Self {
+        Loaded {
+            session,
+            stale: false,
+            gone: false,
+            estimated: None,
+        }
+    }
+
+    /// The estimated bytes the session holds as its turn ends: 0 once it
+    /// is deleted, the last estimate while its revision is unchanged and
+    /// memory mirrors the store, a fresh one otherwise.
+    fn bytes(&mut self) -> u64 {
+        if self.gone {
+            return 0;
+        }
+        let revision = self.session.record.revision;
+        match self.estimated {
+            Some((at, bytes)) if at == revision && !self.stale => bytes,
+            _ => {
+                let bytes = estimate(&self.session);
+                self.estimated = Some((revision, bytes));
+                bytes
+            }
+        }
+    }
 }
 
 type Slot = Arc<AsyncMutex<Option<Loaded>>>;
@@ -54,9 +88,6 @@ struct Entry {
     /// The estimated bytes of the session in the slot as of the end of its
     /// last turn; 0 while empty.
     bytes: u64,
-    /// The revision that estimate was made at: a read-only turn leaves the
-    /// session as it was and is not estimated again.
-    revision: Option<u64>,
     /// Its key in `Registry::order`.
     used: u64,
 }
@@ -92,7 +123,6 @@ impl Registry {
             Entry {
                 slot: Arc::clone(&slot),
                 bytes: 0,
-                revision: None,
                 used,
             },
         );
@@ -123,10 +153,11 @@ impl Registry {
         }
     }
 
-    /// Records the end of a turn on `slot`: its session's size and that it
-    /// is now the most recently used; then drops idle sessions, least
-    /// recently used first, while over `budget`.
-    fn release(&mut self, id: &str, slot: &Slot, held: Option<&Loaded>, budget: u64) {
+    /// Records the end of a turn on `slot`: its session's size, `bytes`
+    /// (estimated by the caller, before taking the registry's lock), and
+    /// that it is now the most recently used; then drops idle sessions,
+    /// least recently used first, while over `budget`.
+    fn release(&mut self, id: &str, slot: &Slot, bytes: u64, budget: u64) {
         let used = self.next_tick();
         let Some(entry) = self.entries.get_mut(id) else {
             return;
@@ -135,24 +166,15 @@ impl Registry {
             // Deleted (and maybe created again) meanwhile.
             return;
         }
-        let (bytes, revision) = match held {
-            Some(loaded) if loaded.gone => (0, None),
-            Some(loaded) => {
-                let revision = loaded.session.record.revision;
-                if entry.revision == Some(revision) && !loaded.stale {
-                    (entry.bytes, entry.revision)
-                } else {
-                    (estimate(&loaded.session), Some(revision))
-                }
-            }
-            None => (0, None),
-        };
         self.bytes = self.bytes - entry.bytes + bytes;
         entry.bytes = bytes;
-        entry.revision = revision;
         let previous = std::mem::replace(&mut entry.used, used);
-        self.order.remove(&previous);
-        self.order.insert(used, id.to_owned());
+        // The id moves to its new place in the order without a copy.
+        let name = self
+            .order
+            .remove(&previous)
+            .unwrap_or_else(|| id.to_owned());
+        self.order.insert(used, name);
         self.evict(budget);
     }
 
@@ -248,9 +270,12 @@ struct Release {
 impl Release {
     /// Runs while the turn is still held (the guard is dropped after): the
     /// estimate sees the session as the turn left it, and eviction, which
-    /// only takes slots nobody refers to, never takes this one.
-    fn run(&self, held: Option<&Loaded>) {
-        lock(&self.registry).release(&self.id, &self.slot, held, self.budget);
+    /// only takes slots nobody refers to, never takes this one. The
+    /// estimate walks the session's spans, so it is made before the
+    /// registry's lock, which every session's turns share, is taken.
+    fn run(&self, held: Option<&mut Loaded>) {
+        let bytes = held.map_or(0, Loaded::bytes);
+        lock(&self.registry).release(&self.id, &self.slot, bytes, self.budget);
     }
 }
 
@@ -270,7 +295,7 @@ impl DerefMut for SessionGuard {
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        self.release.run(Some(&self.guard));
+        self.release.run(Some(&mut self.guard));
     }
 }
 
@@ -290,7 +315,7 @@ impl DerefMut for CreateGuard {
 
 impl Drop for CreateGuard {
     fn drop(&mut self) {
-        self.release.run(self.guard.as_ref());
+        self.release.run(self.guard.as_mut());
     }
 }
 
@@ -509,9 +534,5 @@ fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
         return Ok(None);
     };
     let spans = store.live_spans(id)?;
-    Ok(Some(Loaded {
-        session: Session::new(record, spans),
-        stale: false,
-        gone: false,
-    }))
+    Ok(Some(Loaded::new(Session::new(record, spans))))
 }

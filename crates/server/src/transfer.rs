@@ -12,24 +12,21 @@
 //! session's marker count must stay the original's so that its next
 //! markers carry the same per-session numbers on either replica.
 
-use std::collections::HashMap;
-
 use ctxbroker_core::session::{Session, SessionRecord};
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::SessionImport;
 use prost::Message;
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
+use tonic::Status;
 use tracing::info;
 
 use crate::broker::Broker;
 use crate::config::Limits;
 use crate::convert::{config_to_pb, session_to_pb};
-use crate::error::{ApiError, BadField, ERROR_DOMAIN};
+use crate::error::{ApiError, BadField};
 use crate::validate;
 
 /// The `ErrorInfo.reason` of an export refused for its size.
-pub const SNAPSHOT_TOO_LARGE: &str = "SNAPSHOT_TOO_LARGE";
+pub use crate::error::reason::SNAPSHOT_TOO_LARGE;
 
 /// Exports a session as a snapshot. RESOURCE_EXHAUSTED when an
 /// `ImportSession` request carrying it would exceed `max_request_bytes`:
@@ -59,12 +56,13 @@ pub async fn export_session(
     let request_bytes = prost::encoding::message::encoded_len(1, &snapshot);
     let max = broker.limits().max_request_bytes;
     if request_bytes > max {
-        return Err(too_large(
-            &req.session_id,
+        return Err(ApiError::SnapshotTooLarge {
+            session_id: req.session_id,
             snapshot_bytes,
             request_bytes,
             max,
-        ));
+        }
+        .into());
     }
     info!(
         session_id = %req.session_id,
@@ -81,24 +79,6 @@ pub async fn export_session(
         idempotency_keys: exported.idempotency_keys,
         snapshot_bytes: snapshot_bytes as u64,
     })
-}
-
-/// The status of a snapshot too large to import under `max`.
-fn too_large(session_id: &str, snapshot_bytes: usize, request_bytes: usize, max: usize) -> Status {
-    let metadata = HashMap::from([
-        ("session_id".to_owned(), session_id.to_owned()),
-        ("snapshot_bytes".to_owned(), snapshot_bytes.to_string()),
-        ("request_bytes".to_owned(), request_bytes.to_string()),
-        ("max_request_bytes".to_owned(), max.to_string()),
-    ]);
-    let details = ErrorDetails::with_error_info(SNAPSHOT_TOO_LARGE, ERROR_DOMAIN, metadata);
-    Status::with_error_details(
-        Code::ResourceExhausted,
-        format!(
-            "session {session_id:?} exports to a snapshot of {snapshot_bytes} bytes: an ImportSession request carrying it ({request_bytes} bytes) would exceed max_request_bytes = {max}; raise max_request_bytes on both servers (and the client's receive limit) to move it"
-        ),
-        details,
-    )
 }
 
 /// Imports a snapshot as a new session. Every check runs before anything
