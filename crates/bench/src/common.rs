@@ -1,10 +1,9 @@
-//! What the measurements share: an in-process daemon on a loopback port,
-//! clients, argument parsing and percentiles.
+//! What the measurements share: clients, argument parsing, percentiles
+//! and a deterministic generator.
 
 use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_server::{BuildInfo, Settings};
 use pb::context_broker_client::ContextBrokerClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -34,53 +33,68 @@ pub fn flags<T: clap::Parser>(name: &str, args: &[String]) -> T {
     }
 }
 
-/// A daemon served in this process on a loopback port, with its data in
-/// a temporary directory that goes with it.
-#[derive(Debug)]
-pub struct Daemon {
-    /// Where it serves.
-    pub addr: std::net::SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-/// Starts a daemon with default settings in this process.
-pub async fn daemon() -> Result<Daemon, Failure> {
-    let dir = tempfile::tempdir()?;
-    let settings = Settings {
-        data_dir: dir.path().join("data"),
-        ..Settings::default()
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let build = BuildInfo {
-        version: env!("CARGO_PKG_VERSION"),
-        git_commit: "bench",
-        contract_digest: "bench",
-    };
-    tokio::spawn(async move {
-        let never = std::future::pending::<()>();
-        if let Err(err) = ctxbroker_server::run(settings, listener, build, never).await {
-            eprintln!("the daemon stopped: {err}");
-        }
-    });
-    Ok(Daemon { addr, _dir: dir })
-}
-
-/// A client on its own connection to `addr`.
+/// A client on its own connection to `addr`, with no limit on the size of
+/// a message either way.
 pub async fn client(addr: std::net::SocketAddr) -> Result<Client, Failure> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
         .connect()
         .await?;
-    Ok(ContextBrokerClient::new(channel))
+    Ok(ContextBrokerClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX))
 }
 
-/// The `p` quantile (0..=1) of sorted durations; zero when empty.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+/// The daemon's next marker sequence.
+pub async fn next_marker(client: &mut Client) -> Result<u64, Failure> {
+    Ok(client
+        .get_server_info(pb::GetServerInfoRequest {})
+        .await?
+        .into_inner()
+        .next_marker_seq)
+}
+
+/// The `p` quantile (0..=1) of sorted values: the one at round((n-1)·p);
+/// the default (zero) when empty.
+pub fn percentile<T: Copy + Default>(sorted: &[T], p: f64) -> T {
     if sorted.is_empty() {
-        return Duration::ZERO;
+        return T::default();
     }
     let at = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[at.min(sorted.len() - 1)]
+}
+
+/// The median of `values` (the upper one of an even count); zero when
+/// empty.
+pub fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+/// Latency quantiles, in microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Quantiles {
+    /// Of sorted latencies.
+    pub fn of(sorted: &[Duration]) -> Quantiles {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        Quantiles {
+            p50: us(percentile(sorted, 0.5)),
+            p90: us(percentile(sorted, 0.9)),
+            p99: us(percentile(sorted, 0.99)),
+            max: us(sorted.last().copied().unwrap_or_default()),
+        }
+    }
 }
 
 /// A small deterministic generator (SplitMix64): the same seed gives the

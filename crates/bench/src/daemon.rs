@@ -25,6 +25,13 @@ use crate::common::Failure;
 /// How long a child may take to print its address, or to stop once asked.
 const PROCESS_DEADLINE: Duration = Duration::from_secs(60);
 
+/// What every daemon this crate serves reports about its build.
+pub const BUILD: BuildInfo = BuildInfo {
+    version: env!("CARGO_PKG_VERSION"),
+    git_commit: "bench",
+    contract_digest: "bench",
+};
+
 /// `daemon --durability flush|relaxed --data-dir DIR`: serves until stdin
 /// closes. Hidden: the measurements start it themselves.
 pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
@@ -50,11 +57,6 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     println!("listening {addr}");
-    let build = BuildInfo {
-        version: env!("CARGO_PKG_VERSION"),
-        git_commit: "bench",
-        contract_digest: "bench",
-    };
     // Stops when the parent closes our stdin or goes away.
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::Builder::new()
@@ -68,7 +70,7 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let shutdown = async move {
         let _ = closed_rx.await;
     };
-    ctxbroker_server::run(settings, listener, build, shutdown).await?;
+    ctxbroker_server::run(settings, listener, BUILD, shutdown).await?;
     Ok(())
 }
 
@@ -95,8 +97,6 @@ fn durability_flag(durability: Durability) -> &'static str {
 pub struct DaemonProcess {
     /// Where it serves.
     pub addr: SocketAddr,
-    /// Its durability.
-    pub durability: Durability,
     child: Child,
     stdin: Option<ChildStdin>,
     _dir: tempfile::TempDir,
@@ -145,7 +145,6 @@ impl DaemonProcess {
         };
         Ok(DaemonProcess {
             addr,
-            durability,
             child,
             stdin,
             _dir: dir,
@@ -155,11 +154,6 @@ impl DaemonProcess {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    /// The daemon's resource use so far.
-    pub fn usage(&self) -> Result<Usage, Failure> {
-        Usage::of(self.pid())
     }
 }
 
@@ -244,17 +238,25 @@ impl Usage {
         };
         let cpu_ticks = ticks(11)? + ticks(12)?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let peak_kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|rest| rest.split_whitespace().next())
-            .ok_or_else(|| format!("/proc/{pid}/status has no VmHWM"))?
-            .parse()?;
+        let peak_kib = status_kib(&status, "VmHWM")
+            .ok_or_else(|| format!("/proc/{pid}/status has no VmHWM"))?;
         Ok(Usage {
             cpu_seconds: cpu_ticks as f64 / clock_ticks_per_second(),
             peak_rss_bytes: peak_kib * 1024,
         })
     }
+}
+
+/// The field `key` (`VmRSS`, `VmHWM`: a number of kB) of `status`, the
+/// text of a `/proc/PID/status`; `None` when it has no such field.
+pub fn status_kib(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Resets the process's peak resident set to its current one (writing 5

@@ -33,7 +33,7 @@ use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
 use ctxbroker_core::tokens::{TokenCounter, counter, warm_up};
 use ctxbroker_core::verify::verify;
 
-use crate::common::{Failure, Rng};
+use crate::common::{Failure, Rng, median};
 
 /// The sizes measured when none are given.
 pub const DEFAULT_SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
@@ -195,11 +195,6 @@ fn measure(
         summary_tokens: change.summary.as_ref().map_or(0, |s| s.tokens),
         digest: digest(&change),
     })
-}
-
-fn median(mut d: Vec<Duration>) -> Duration {
-    d.sort_unstable();
-    d.get(d.len() / 2).copied().unwrap_or_default()
 }
 
 fn ms(d: Duration) -> f64 {

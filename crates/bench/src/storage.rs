@@ -38,10 +38,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ctxbroker_proto::v1 as pb;
-use pb::context_broker_client::ContextBrokerClient;
-use tonic::transport::Endpoint;
 
-use crate::common::{Client, Failure};
+use crate::common::{Failure, Rng, client, median, next_marker};
+use crate::daemon::{BUILD, status_kib, wait_for_exit};
 
 /// The targets.
 const TARGET_RSS_BYTES: u64 = 256 << 20;
@@ -331,11 +330,6 @@ fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort_unstable();
-    values.get(values.len() / 2).copied().unwrap_or_default()
-}
-
 /// `storage [flags]`, or `storage serve [ctxbrokerd flags]`.
 pub async fn storage_main(args: &[String]) -> Result<(), Failure> {
     if args.first().map(String::as_str) == Some("serve") {
@@ -377,16 +371,11 @@ pub async fn storage_main(args: &[String]) -> Result<(), Failure> {
 fn serve(args: &[String]) -> Result<(), Failure> {
     let mut argv = vec!["ctxbrokerd".to_owned()];
     argv.extend(args.iter().cloned());
-    let build = ctxbroker_server::BuildInfo {
-        version: env!("CARGO_PKG_VERSION"),
-        git_commit: "bench",
-        contract_digest: "bench",
-    };
     // The daemon runs its own runtime, which cannot start on a thread of
     // this one.
     let code = std::thread::Builder::new()
         .name("storage-serve".into())
-        .spawn(move || ctxbroker_server::main_with_args(argv.into_iter().map(Into::into), build))?
+        .spawn(move || ctxbroker_server::main_with_args(argv.into_iter().map(Into::into), BUILD))?
         .join()
         .map_err(|_| Failure::from("the daemon thread panicked"))?;
     if code == std::process::ExitCode::SUCCESS {
@@ -437,12 +426,7 @@ pub async fn run(options: &StorageOptions) -> Result<StorageReport, Failure> {
         populate = started.elapsed();
         memory_populated = daemon.memory()?;
         let mut client = client(daemon.addr).await?;
-        markers = client
-            .get_server_info(pb::GetServerInfoRequest {})
-            .await?
-            .into_inner()
-            .next_marker_seq
-            .saturating_sub(1);
+        markers = next_marker(&mut client).await?.saturating_sub(1);
         daemon.stop()?;
     }
     let disk_populated = disk_usage(&data_dir)?;
@@ -516,27 +500,6 @@ fn session_id(n: usize) -> String {
     format!("s{n:06}")
 }
 
-/// SplitMix64: a small, fast, deterministic generator.
-struct Mix(u64);
-
-impl Mix {
-    fn new(session: usize, span: usize) -> Mix {
-        Mix((session as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((span as u64) << 20))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
-
 const WORDS: [&str; 64] = [
     "the",
     "request",
@@ -604,15 +567,23 @@ const WORDS: [&str; 64] = [
     "table",
 ];
 
-/// Span `span` of session `session`: role and text.
-fn span_input(session: usize, span: usize) -> (pb::Role, String) {
-    let mut rng = Mix::new(session, span);
-    let band = rng.below(10);
-    let len = match band {
+/// The length in bytes of span `span` of session `session` (its text is
+/// exactly this long), and the generator that drew it, which goes on to
+/// draw the rest of the span.
+fn span_len(session: usize, span: usize) -> (usize, Rng) {
+    let mut rng =
+        Rng::new((session as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((span as u64) << 20));
+    let len = match rng.below(10) {
         0..=5 => 80 + rng.below(220),
         6..=8 => 300 + rng.below(500),
         _ => 800 + rng.below(1_200),
-    } as usize;
+    };
+    (len, rng)
+}
+
+/// Span `span` of session `session`: role and text.
+fn span_input(session: usize, span: usize) -> (pb::Role, String) {
+    let (len, mut rng) = span_len(session, span);
     let role = match rng.below(10) {
         0..=4 => pb::Role::Tool,
         5..=8 => pb::Role::Assistant,
@@ -626,12 +597,12 @@ fn span_input(session: usize, span: usize) -> (pb::Role, String) {
         match rng.below(16) {
             0 => text.push_str(&format!(
                 "src/{}/mod_{}.rs",
-                WORDS[rng.below(64) as usize],
+                rng.pick(&WORDS),
                 rng.below(500)
             )),
             1 => text.push_str(&format!("{}ms", rng.below(100_000))),
             2 => text.push_str(&format!("id_{:x}", rng.next_u64() & 0xFF_FFFF)),
-            _ => text.push_str(WORDS[rng.below(64) as usize]),
+            _ => text.push_str(rng.pick(&WORDS)),
         }
     }
     text.truncate(len);
@@ -647,17 +618,8 @@ fn span_input(session: usize, span: usize) -> (pb::Role, String) {
 /// The raw text bytes of the whole workload.
 fn raw_bytes(sessions: usize, spans: usize) -> u64 {
     (0..sessions)
-        .flat_map(|s| (0..spans).map(move |k| span_input(s, k).1.len() as u64))
+        .flat_map(|s| (0..spans).map(move |k| span_len(s, k).0 as u64))
         .sum()
-}
-
-async fn client(addr: SocketAddr) -> Result<Client, Failure> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .connect()
-        .await?;
-    Ok(ContextBrokerClient::new(channel)
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX))
 }
 
 /// Creates and fills every session, `clients` at a time.
@@ -860,23 +822,10 @@ impl ChildDaemon {
 
     fn memory(&self) -> Result<Memory, Failure> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .map(|kib| kib * 1024)
-                .unwrap_or(0)
-        };
+        let bytes = |key: &str| status_kib(&status, key).map_or(0, |kib| kib * 1024);
         Ok(Memory {
-            rss: field("VmRSS:"),
-            hwm: field("VmHWM:"),
+            rss: bytes("VmRSS"),
+            hwm: bytes("VmHWM"),
         })
     }
 
@@ -921,24 +870,20 @@ impl ChildDaemon {
         if !sent.success() {
             return Err("kill -TERM failed".into());
         }
-        let deadline = Instant::now() + PROCESS_DEADLINE;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                if !status.success() {
-                    return Err(format!(
-                        "the daemon exited with {status}; see {}",
-                        self.log.display()
-                    )
-                    .into());
-                }
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                return Err("the daemon did not stop in time".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !wait_for_exit(&mut self.child, PROCESS_DEADLINE) {
+            let _ = self.child.kill();
+            return Err("the daemon did not stop in time".into());
         }
+        // It has exited: this returns its status at once.
+        let status = self.child.wait()?;
+        if !status.success() {
+            return Err(format!(
+                "the daemon exited with {status}; see {}",
+                self.log.display()
+            )
+            .into());
+        }
+        Ok(())
     }
 }
 

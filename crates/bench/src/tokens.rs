@@ -26,7 +26,7 @@ use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::tokens::{counter, warm_up};
 use tiktoken_rs::CoreBPE;
 
-use crate::common::{Failure, Rng};
+use crate::common::{Failure, Rng, median};
 
 /// Adversarial sizes when none are given: 10 KB, 100 KB, 1 MB.
 pub const DEFAULT_ADVERSARIAL_BYTES: [usize; 3] = [10_000, 100_000, 1_000_000];
@@ -197,10 +197,10 @@ fn json_chunk(rng: &mut Rng, k: usize) -> String {
             "  {{\"id\": {}, \"session\": \"agent-{}\", \"role\": \"{}\", \"tokens\": {}, \"relevance\": 0.{:04}, \"path\": \"src/{}/mod_{}.rs\", \"ok\": {}, \"tags\": [\"{}\", \"{}\"]}},\n",
             k * 1_000 + n,
             rng.below(64),
-            ["user", "assistant", "tool", "system"][rng.below(4)],
+            rng.pick(&["user", "assistant", "tool", "system"]),
             rng.below(4_096),
             rng.below(10_000),
-            ["broker", "store", "core", "proto"][rng.below(4)],
+            rng.pick(&["broker", "store", "core", "proto"]),
             rng.below(100),
             rng.below(2) == 0,
             rng.pick(&LEVELS).to_lowercase(),
@@ -228,11 +228,6 @@ pub fn adversarial(bytes: usize) -> Vec<(&'static str, String)> {
         ("random lower-case letters", letters),
         ("base64", base64),
     ]
-}
-
-fn median(mut d: Vec<Duration>) -> Duration {
-    d.sort_unstable();
-    d.get(d.len() / 2).copied().unwrap_or_default()
 }
 
 /// The median time of counting every document, and the total count.

@@ -42,10 +42,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::config::Durability;
-use tonic::transport::Endpoint;
 
-use crate::admit::{Quantiles, per_second};
-use crate::common::{Client, Failure, parse, percentile};
+use crate::admit::per_second;
+use crate::common::{Client, Failure, Quantiles, client, next_marker, parse, percentile};
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage};
 
 /// 1,000 watchers: delivery p99 at most this.
@@ -99,7 +98,7 @@ pub async fn stalled_watcher_main(args: &[String]) -> Result<(), Failure> {
     let turns = parse(args, 0, 1_000)?;
     let rounds = parse(args, 1, 4)?;
     let daemon = DaemonProcess::spawn(Durability::Flush)?;
-    let mut admitter = connect(daemon.addr).await?;
+    let mut admitter = client(daemon.addr).await?;
     create(&mut admitter, "stalled").await?;
     warm_up(&mut admitter, "stalled").await?;
     let stalled = stalled_phase(&daemon, &mut admitter, "stalled", turns, rounds).await?;
@@ -130,14 +129,6 @@ fn admit_request(session: &str, n: usize) -> pb::AdmitRequest {
             ..Default::default()
         }],
     }
-}
-
-async fn connect(addr: std::net::SocketAddr) -> Result<Client, Failure> {
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
-    Ok(Client::new(channel))
 }
 
 async fn create(client: &mut Client, session: &str) -> Result<(), Failure> {
@@ -243,7 +234,7 @@ async fn open_watchers(
 ) -> Result<(Vec<Client>, Vec<Received>, Vec<tokio::task::JoinHandle<()>>), Failure> {
     let mut channels = Vec::new();
     for _ in 0..connections.max(1) {
-        channels.push(connect(addr).await?);
+        channels.push(client(addr).await?);
     }
     let mut records = Vec::with_capacity(n);
     let mut tasks = Vec::with_capacity(n);
@@ -460,7 +451,7 @@ async fn stalled_phase(
         next += turns;
         // A watcher on its own connection, from the first marker, that
         // reads nothing at all.
-        let mut watcher = connect(daemon.addr).await?;
+        let mut watcher = client(daemon.addr).await?;
         let stream = watcher
             .watch_compactions(pb::WatchCompactionsRequest {
                 from_seq: 1,
@@ -489,14 +480,6 @@ async fn stalled_phase(
     })
 }
 
-async fn next_marker(client: &mut Client) -> Result<u64, Failure> {
-    Ok(client
-        .get_server_info(pb::GetServerInfoRequest {})
-        .await?
-        .into_inner()
-        .next_marker_seq)
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -511,7 +494,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), Failure> {
     let mut clients = Vec::new();
     let mut sessions = Vec::new();
     for i in 0..args.admitters {
-        let mut client = connect(daemon.addr).await?;
+        let mut client = client(daemon.addr).await?;
         let session = format!("watched-{i}");
         create(&mut client, &session).await?;
         warm_up(&mut client, &session).await?;
@@ -589,13 +572,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), Failure> {
     );
     println!();
     let send = Quantiles::of(&delivery.from_send);
-    let reply = |p: f64| -> f64 {
-        let v = &delivery.from_reply_us;
-        if v.is_empty() {
-            return 0.0;
-        }
-        v[(((v.len() - 1) as f64) * p).round() as usize]
-    };
+    let reply = |p: f64| percentile(&delivery.from_reply_us, p);
     println!(
         "| marker delivery ({} watchers) | deliveries | p50 µs | p90 µs | p99 µs | max µs |",
         args.watchers

@@ -3,29 +3,30 @@
 //! promises to keep, and a seed always gives the same table and CSV.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::path::Path;
-use std::process::Command;
+
+use support::bench;
 
 const TURNS: u64 = 300;
 const WINDOW: u64 = 200_000;
 
 /// Runs the replay of one session of `TURNS` turns; returns the table.
 fn replay(seed: u64, csv: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ctxbroker-bench"))
-        .args(["replay", "--seed", &seed.to_string(), "--sessions", "1"])
-        .args([
-            "--turns",
-            &TURNS.to_string(),
-            "--window",
-            &WINDOW.to_string(),
-        ])
-        .arg("--csv")
-        .arg(csv)
-        .output()
-        .expect("the bench binary runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "replay failed: {stderr}");
-    String::from_utf8(out.stdout).expect("the table is UTF-8")
+    bench(&[
+        "replay",
+        "--seed",
+        &seed.to_string(),
+        "--sessions",
+        "1",
+        "--turns",
+        &TURNS.to_string(),
+        "--window",
+        &WINDOW.to_string(),
+        "--csv",
+        csv.to_str().expect("the temporary path is UTF-8"),
+    ])
 }
 
 /// One row of the table.

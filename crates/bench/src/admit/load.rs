@@ -5,15 +5,13 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use crate::common::{Failure, percentile};
+use crate::common::Failure;
 
 /// What one request did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Outcome {
     /// The reply carried a compaction marker.
     pub compacted: bool,
-    /// Tokens admitted (as the daemon counted them).
-    pub tokens: u64,
 }
 
 /// One client's request, sent again and again.
@@ -29,8 +27,6 @@ pub struct Samples {
     pub plain: Vec<Duration>,
     /// Latencies of replies with one, sorted.
     pub compacted: Vec<Duration>,
-    /// Tokens admitted in the window.
-    pub tokens: u64,
     /// Failed requests in the window.
     pub errors: u64,
     /// The first failure, for the report.
@@ -59,27 +55,17 @@ impl Samples {
         per_second(self.count() as f64, self.window)
     }
 
-    /// Replies with a compaction per second.
-    pub fn compaction_rate(&self) -> f64 {
-        per_second(self.compacted.len() as f64, self.window)
-    }
-
-    /// Adds another run's samples (another client, or another round of
-    /// the same row): latencies, counts and windows add up.
-    pub fn absorb(&mut self, other: Samples) {
-        self.merge(other);
-    }
-
     /// Sorts the latencies after merging.
     pub fn sort(&mut self) {
         self.plain.sort_unstable();
         self.compacted.sort_unstable();
     }
 
-    fn merge(&mut self, other: Samples) {
+    /// Adds another run's samples (another client, or another round of
+    /// the same row): latencies, counts and windows add up.
+    pub fn merge(&mut self, other: Samples) {
         self.plain.extend(other.plain);
         self.compacted.extend(other.compacted);
-        self.tokens += other.tokens;
         self.errors += other.errors;
         self.window += other.window;
         if self.first_error.is_none() {
@@ -94,32 +80,6 @@ pub fn per_second(n: f64, window: Duration) -> f64 {
         0.0
     } else {
         n / window.as_secs_f64()
-    }
-}
-
-/// Latency quantiles, in microseconds.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Quantiles {
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Quantiles {
-    /// Of sorted latencies.
-    pub fn of(sorted: &[Duration]) -> Quantiles {
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        Quantiles {
-            p50: us(percentile(sorted, 0.5)),
-            p90: us(percentile(sorted, 0.9)),
-            p99: us(percentile(sorted, 0.99)),
-            max: us(sorted.last().copied().unwrap_or_default()),
-        }
     }
 }
 
@@ -145,7 +105,6 @@ pub async fn closed_loop<O: Op>(ops: Vec<O>, warmup: Duration, window: Duration)
                 }
                 match result {
                     Ok(outcome) => {
-                        mine.tokens += outcome.tokens;
                         if outcome.compacted {
                             mine.compacted.push(done - sent);
                         } else {

@@ -46,11 +46,11 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::config::Durability;
-use tonic::transport::Endpoint;
 
-use crate::common::{Client, Failure};
+pub use crate::common::Quantiles;
+use crate::common::{Client, Failure, client, next_marker};
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage, Usage};
-pub use load::{Op, Outcome, Quantiles, Samples, closed_loop, per_second};
+pub use load::{Op, Outcome, Samples, closed_loop, per_second};
 pub use redis::{RedisProcess, RespConn, Unavailable};
 pub use workload::{Mix, Turn, Workload};
 
@@ -186,7 +186,7 @@ impl Row {
     }
 
     fn add(&mut self, segment: Segment) {
-        self.samples.absorb(segment.samples);
+        self.samples.merge(segment.samples);
         self.samples.sort();
         if let Some(m) = segment.markers {
             *self.markers.get_or_insert(0) += m;
@@ -488,11 +488,7 @@ async fn settle(pid: u32) {
 async fn connect(addr: std::net::SocketAddr, n: usize) -> Result<Vec<Client>, Failure> {
     let mut clients = Vec::with_capacity(n);
     for _ in 0..n {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
-        clients.push(Client::new(channel).max_decoding_message_size(usize::MAX));
+        clients.push(client(addr).await?);
     }
     Ok(clients)
 }
@@ -585,15 +581,6 @@ fn span(turn: &Turn) -> pb::SpanInput {
         text: turn.text.clone(),
         ..Default::default()
     }
-}
-
-/// The daemon's next marker sequence.
-async fn next_marker(client: &mut Client) -> Result<u64, Failure> {
-    Ok(client
-        .get_server_info(pb::GetServerInfoRequest {})
-        .await?
-        .into_inner()
-        .next_marker_seq)
 }
 
 /// Runs `ops` closed-loop for one segment while measuring the server's
@@ -699,7 +686,6 @@ impl Op for AdmitOp {
         let reply = self.client.admit(request).await?.into_inner();
         Ok(Outcome {
             compacted: reply.compaction.is_some(),
-            tokens: reply.spans.iter().map(|s| u64::from(s.tokens)).sum(),
         })
     }
 }
@@ -790,7 +776,6 @@ async fn probe(
         } else {
             admit.plain.push(t2 - t1);
         }
-        admit.tokens += reply.spans.iter().map(|s| u64::from(s.tokens)).sum::<u64>();
     }
     // Each row's rate is its own: requests over the time spent in them.
     noop.window = noop.plain.iter().sum();

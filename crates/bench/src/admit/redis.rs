@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::common::Failure;
-use crate::daemon::{Usage, wait_for_exit};
+use crate::daemon::wait_for_exit;
 
 /// How long redis-server may take to answer PING.
 const START_DEADLINE: Duration = Duration::from_secs(20);
@@ -124,11 +124,6 @@ impl RedisProcess {
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    /// The server's resource use so far.
-    pub fn usage(&self) -> Result<Usage, Failure> {
-        Usage::of(self.pid())
     }
 
     /// `redis-server --version`'s first line.

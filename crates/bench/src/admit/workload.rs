@@ -16,7 +16,7 @@ use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::tokens::{self, TokenCounter};
 use ctxbroker_proto::v1 as pb;
 
-use crate::common::Rng;
+use crate::common::{Rng, percentile};
 
 /// Turns in the pool the clients draw from.
 const POOL_TURNS: usize = 4096;
@@ -149,16 +149,10 @@ impl Workload {
             .map(|t| t.tokens)
             .collect();
         sizes.sort_unstable();
-        let at = |p: f64| {
-            sizes
-                .get(((sizes.len().saturating_sub(1)) as f64 * p).round() as usize)
-                .copied()
-                .unwrap_or(0)
-        };
         (
             sizes.len(),
-            at(0.5),
-            at(0.99),
+            percentile(&sizes, 0.5),
+            percentile(&sizes, 0.99),
             sizes.last().copied().unwrap_or(0),
         )
     }
@@ -256,7 +250,7 @@ const MODULES: [&str; 8] = [
 const SERVICES: [&str; 6] = ["api", "billing", "search", "auth", "ingest", "scheduler"];
 
 fn word(rng: &mut Rng) -> &'static str {
-    WORDS[rng.below(WORDS.len())]
+    rng.pick(&WORDS)
 }
 
 fn sentence(rng: &mut Rng) -> String {
@@ -269,7 +263,7 @@ fn sentence(rng: &mut Rng) -> String {
         match rng.below(12) {
             0 => out.push_str(&format!(
                 "`{}::{}_{}`",
-                MODULES[rng.below(MODULES.len())],
+                rng.pick(&MODULES),
                 word(rng),
                 rng.below(100)
             )),
@@ -282,7 +276,7 @@ fn sentence(rng: &mut Rng) -> String {
 }
 
 fn tool_line(n: usize, line: usize, rng: &mut Rng) -> String {
-    let module = MODULES[rng.below(MODULES.len())];
+    let module = rng.pick(&MODULES);
     match rng.below(5) {
         0 => format!(
             "src/{module}/{}_{n}.rs:{}:{}: warning: unused variable: `{}_{}`\n",
@@ -298,7 +292,7 @@ fn tool_line(n: usize, line: usize, rng: &mut Rng) -> String {
             rng.below(24),
             rng.below(60),
             rng.below(60),
-            SERVICES[rng.below(SERVICES.len())],
+            rng.pick(&SERVICES),
             rng.next_u64() as u32,
             word(rng),
             rng.below(900),
@@ -312,7 +306,7 @@ fn tool_line(n: usize, line: usize, rng: &mut Rng) -> String {
         ),
         3 => format!(
             "    at {}.{}.{}({}.java:{})\n",
-            SERVICES[rng.below(SERVICES.len())],
+            rng.pick(&SERVICES),
             word(rng),
             word(rng),
             module,
@@ -331,16 +325,16 @@ fn constraint_text(n: usize, rng: &mut Rng) -> String {
         0 => format!("Never write to the `prod-{n}` namespace; stage only."),
         1 => format!(
             "Do not delete anything under /var/lib/{}-{n}/data.",
-            SERVICES[rng.below(SERVICES.len())]
+            rng.pick(&SERVICES)
         ),
         2 => format!(
             "Always run `cargo test -p {}_{n}` before you commit.",
-            MODULES[rng.below(MODULES.len())]
+            rng.pick(&MODULES)
         ),
         _ => format!(
             "Actually, use port {} instead of 8080 for the {} service.",
             9000 + n,
-            SERVICES[rng.below(SERVICES.len())]
+            rng.pick(&SERVICES)
         ),
     }
 }
