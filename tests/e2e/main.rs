@@ -19,6 +19,8 @@ mod crash_loop;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;
+#[cfg(unix)]
+mod listen;
 mod metrics;
 mod ops;
 mod policy;

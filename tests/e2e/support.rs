@@ -1,13 +1,13 @@
 //! Starts the real `ctxbrokerd` on a socket the test bound itself
 //! (`127.0.0.1:0`, handed over as fd 3), with a temporary data directory.
 //! Restarting hands the same socket to the new process, so clients keep
-//! the address and nothing waits on a port.
+//! the address and nothing waits on a port. The daemon's stderr goes to a
+//! log file beside its data; a daemon that exits before answering fails
+//! the test at once with its exit status and that log.
 
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, dead_code)]
 
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -16,15 +16,14 @@ use ctxbroker_proto::v1 as pb;
 use pb::context_broker_client::ContextBrokerClient;
 use tonic::transport::{Channel, Endpoint};
 
-/// The fd the daemon is told to serve on.
-const LISTEN_FD: i32 = 3;
-
 /// A running daemon and what it needs to be restarted.
 pub struct Daemon {
     child: Option<Child>,
     listener: TcpListener,
     addr: SocketAddr,
     data_dir: PathBuf,
+    /// Where every start of this daemon writes its stderr, appended.
+    log: PathBuf,
     _temp: Option<tempfile::TempDir>,
     extra_args: Vec<String>,
     /// Faults to inject from the next start on (`FAILPOINTS`).
@@ -41,14 +40,28 @@ impl Daemon {
     pub async fn start_with(args: &[&str]) -> Daemon {
         let temp = tempfile::tempdir().unwrap();
         let data_dir = temp.path().join("data");
+        let log = temp.path().join("ctxbrokerd.log");
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Daemon::start_on(listener, data_dir, log, Some(temp), args).await
+    }
+
+    /// A daemon serving `listener` (whatever descriptor number the test
+    /// process gave it) on `data_dir`, its stderr appended to `log`.
+    pub async fn start_on(
+        listener: TcpListener,
+        data_dir: PathBuf,
+        log: PathBuf,
+        temp: Option<tempfile::TempDir>,
+        args: &[&str],
+    ) -> Daemon {
         let addr = listener.local_addr().unwrap();
         let mut daemon = Daemon {
             child: None,
             listener,
             addr,
             data_dir,
-            _temp: Some(temp),
+            log,
+            _temp: temp,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             faults: None,
         };
@@ -58,11 +71,13 @@ impl Daemon {
     }
 
     fn spawn(&mut self) {
-        let fd = self.listener.as_raw_fd();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the daemon's log file opens");
         let mut command = Command::new(env!("CARGO_BIN_EXE_ctxbrokerd"));
         command
-            .arg("--listen-fd")
-            .arg(LISTEN_FD.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--shutdown-grace-ms")
@@ -72,36 +87,52 @@ impl Daemon {
                 "CTXBROKER_LOG",
                 std::env::var("CTXBROKER_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdin(Stdio::null());
+            .stdin(Stdio::null())
+            .stderr(log);
         match &self.faults {
             Some(spec) => command.env("FAILPOINTS", spec),
             None => command.env_remove("FAILPOINTS"),
         };
-        // SAFETY: between fork and exec only dup2 runs, which is
-        // async-signal-safe; the duplicate has no close-on-exec flag, so
-        // the daemon inherits the listening socket as fd 3.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::dup2(fd, LISTEN_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        ctxbroker_server::hand_over(&mut command, &self.listener);
         self.child = Some(command.spawn().expect("ctxbrokerd starts"));
     }
 
     /// Waits until the daemon answers: the kernel queues connections on the
     /// socket from the start, so the first RPC simply waits for `serve`.
-    async fn ready(&self) {
+    /// A daemon that exits first fails the test at once, with its status
+    /// and log.
+    async fn ready(&mut self) {
         let mut client = self.client().await;
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            client.get_server_info(pb::GetServerInfoRequest {}),
-        )
-        .await
-        .expect("the daemon answers within 60 s")
-        .expect("GetServerInfo succeeds");
+        let answer = client.get_server_info(pb::GetServerInfoRequest {});
+        tokio::pin!(answer);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            tokio::select! {
+                reply = &mut answer => {
+                    reply.expect("GetServerInfo succeeds");
+                    return;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(25)) => {
+                    if let Some(status) = self.exited() {
+                        panic!(
+                            "ctxbrokerd exited before answering ({status}); its log:\n{}",
+                            self.log_text()
+                        );
+                    }
+                    if tokio::time::Instant::now() > deadline {
+                        panic!(
+                            "ctxbrokerd did not answer within 60 s; its log:\n{}",
+                            self.log_text()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the daemon wrote to stderr, over all its starts.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|err| format!("(no log: {err})"))
     }
 
     /// Faults the daemon injects from its next start on (in builds with
@@ -186,6 +217,10 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
+        // A failing test shows what the daemon said.
+        if std::thread::panicking() {
+            eprintln!("--- ctxbrokerd log ({})\n{}", self.addr, self.log_text());
+        }
     }
 }
 

@@ -746,6 +746,9 @@ struct ChildDaemon {
     child: Child,
     addr: SocketAddr,
     log: PathBuf,
+    /// The socket bound here and handed to the child: held, so the port
+    /// cannot be taken by anything else between binding and serving.
+    _listener: std::net::TcpListener,
 }
 
 impl ChildDaemon {
@@ -757,9 +760,8 @@ impl ChildDaemon {
         log: &Path,
         args: &[String],
     ) -> Result<ChildDaemon, Failure> {
-        // A free port: bound and released; nothing else on this machine
-        // races for ephemeral ports within the next millisecond.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
         let mut command = match &options.program {
             DaemonProgram::Ctxbrokerd(path) => Command::new(path),
             DaemonProgram::Bench(path) => {
@@ -772,9 +774,8 @@ impl ChildDaemon {
             .create(true)
             .append(true)
             .open(log)?;
+        ctxbroker_server::hand_over(&mut command, &listener);
         command
-            .arg("--listen")
-            .arg(addr.to_string())
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--log")
@@ -788,6 +789,7 @@ impl ChildDaemon {
             child,
             addr,
             log: log.to_owned(),
+            _listener: listener,
         };
         daemon.ready().await?;
         Ok(daemon)

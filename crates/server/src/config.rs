@@ -172,6 +172,7 @@ pub struct Cli {
         long,
         env = "CTXBROKER_LISTEN_FD",
         value_name = "FD",
+        value_parser = clap::value_parser!(i32).range(0..),
         help_heading = "Serving"
     )]
     pub listen_fd: Option<i32>,
@@ -531,7 +532,10 @@ impl Settings {
         if let Listen::Fd(fd) = self.listen
             && fd < 0
         {
-            return invalid("listen_fd", "must be a non-negative file descriptor");
+            return Err(ConfigError::Invalid {
+                key: "listen_fd",
+                message: format!("must be a non-negative file descriptor; got {fd}"),
+            });
         }
         Ok(())
     }

@@ -14,11 +14,13 @@ pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod sessions;
+pub mod socket;
 pub mod transfer;
 pub mod validate;
 
 pub use config::{Cli, Settings};
-pub use server::{ServerError, listen, main_with_args, run};
+pub use server::{ServerError, main_with_args, run};
+pub use socket::{Socket, hand_over};
 
 /// What the binary was built from, for `GetServerInfo`.
 #[derive(Debug, Clone, Copy)]

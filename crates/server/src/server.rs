@@ -23,10 +23,11 @@ use tracing::{error, info, warn};
 
 use crate::BuildInfo;
 use crate::broker::Broker;
-use crate::config::{Cli, Command, ConfigError, Durability, Listen, LogFormat, LogLine, Settings};
+use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, LogLine, Settings};
 use crate::hub::Hub;
 use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
+use crate::socket::Socket;
 
 /// Why the daemon could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,16 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     };
     init_tracing(&settings);
+    // Before the runtime opens descriptors of its own: an inherited one is
+    // checked while nothing else can hold its number.
+    let socket = match Socket::settle(&settings.listen) {
+        Ok(socket) => socket,
+        Err(err) => {
+            error!(%err, "ctxbrokerd stopped");
+            eprintln!("ctxbrokerd: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ctxbroker")
@@ -86,7 +97,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     };
     let result = runtime.block_on(async move {
-        let listener = listen(&settings.listen).await?;
+        let listener = socket.listen().await?;
         run(settings, listener, build, shutdown_signal()).await
     });
     match result {
@@ -178,53 +189,6 @@ async fn wait_for_signal() {
     {
         let _ = tokio::signal::ctrl_c().await;
     }
-}
-
-/// The listening socket: bound here, or inherited (`--listen-fd`, or
-/// systemd's `LISTEN_FDS` protocol when no address was given).
-pub async fn listen(listen: &Listen) -> Result<TcpListener, ServerError> {
-    match listen {
-        Listen::Fd(fd) => inherited(*fd),
-        Listen::Addr(addr) => match systemd_fd() {
-            Some(fd) => inherited(fd),
-            None => TcpListener::bind(addr).await.map_err(ServerError::Listen),
-        },
-    }
-}
-
-/// fd 3 when systemd passed exactly one socket to this very process.
-fn systemd_fd() -> Option<i32> {
-    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
-    let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
-    (pid == std::process::id() && fds == 1).then_some(3)
-}
-
-#[cfg(unix)]
-fn inherited(fd: i32) -> Result<TcpListener, ServerError> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: the caller handed this descriptor to the process to own (it
-    // said so with --listen-fd or LISTEN_FDS); nothing else in the process
-    // uses it. A descriptor that is not a listening TCP socket fails the
-    // checks below instead of being served.
-    #[allow(unsafe_code)]
-    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-    listener.local_addr().map_err(|err| {
-        ServerError::Listen(std::io::Error::new(
-            err.kind(),
-            format!("fd {fd} is not a bound socket: {err}"),
-        ))
-    })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(ServerError::Listen)?;
-    TcpListener::from_std(listener).map_err(ServerError::Listen)
-}
-
-#[cfg(not(unix))]
-fn inherited(fd: i32) -> Result<TcpListener, ServerError> {
-    Err(ServerError::Listen(std::io::Error::other(format!(
-        "inheriting fd {fd} is only supported on unix"
-    ))))
 }
 
 /// Runs the daemon on `listener` until `shutdown` resolves, then shuts down
