@@ -410,6 +410,61 @@ async fn a_table_of_hostile_requests_gets_documented_statuses_and_writes_nothing
             "config.relevance.recency",
         ),
         (
+            "pin threshold of 1",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    pin_threshold: Some(1.0),
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.pin_threshold",
+        ),
+        (
+            "NaN pin threshold",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    pin_threshold: Some(f64::NAN),
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.pin_threshold",
+        ),
+        (
+            "33 pin phrases",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    pin_phrases: (0..33).map(|i| format!("rule {i}")).collect(),
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.pin_phrases",
+        ),
+        (
+            "a blank pin phrase",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    pin_phrases: vec!["house rule".into(), "  ".into()],
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.pin_phrases",
+        ),
+        (
+            "a pin phrase of 129 bytes",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    pin_phrases: vec!["x".repeat(129)],
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.pin_phrases",
+        ),
+        (
             "NaN half-life",
             config(&|c| {
                 c.relevance = Some(pb::RelevanceWeights {

@@ -12,6 +12,7 @@ mod support;
 
 mod bad_input;
 mod burst;
+mod classify;
 mod cliff;
 mod config;
 mod corruption;

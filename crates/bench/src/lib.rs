@@ -4,6 +4,7 @@
 //! so the smoke tests run the same code on small inputs.
 
 pub mod admit;
+pub mod classify;
 pub mod common;
 pub mod daemon;
 pub mod plan;

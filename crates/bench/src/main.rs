@@ -7,6 +7,8 @@
 //! ctxbroker-bench watch [--watchers N] [--duration S] ... (--help)
 //! ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]
 //! ctxbroker-bench plan [SIZES] [REPEATS]
+//! ctxbroker-bench classify [--data DIR] [--repeats N] [--explain]
+//! ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]
 //! ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]
 //! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]
 //! ctxbroker-bench storage [--sessions N] [--spans N] [--daemon PATH] [--dir DIR] [--reuse] ...
@@ -24,6 +26,10 @@
 //! (default 1k, 10k, 100k, 1M; `SIZES` comma-separated), in process:
 //! planning, applying and verifying, with the growth against n·log n.
 //!
+//! `classify`: the standing-instruction classifier on the labelled spans,
+//! per category, training and held-out splits; `classify train` fits it on
+//! the training split and writes the weights core compiles in.
+//!
 //! `tokens`: the token counter against tiktoken-rs on a fixed corpus and
 //! on adversarial input, for o200k_base and cl100k_base.
 
@@ -36,6 +42,7 @@ async fn main() -> Result<(), Failure> {
     let rest = args.get(1..).unwrap_or_default();
     match args.first().map(String::as_str) {
         Some("admit") => ctxbroker_bench::admit::admit_main(rest).await,
+        Some("classify") => ctxbroker_bench::classify::classify_main(rest),
         Some("daemon") => ctxbroker_bench::daemon::daemon_main(rest).await,
         Some("stalled-watcher") => watch::stalled_watcher_main(rest).await,
         Some("watch") => watch::watch_main(rest).await,
@@ -51,6 +58,10 @@ async fn main() -> Result<(), Failure> {
                 "       ctxbroker-bench watch [--watchers N] [--rate R] [--duration S] ... (--help)"
             );
             eprintln!("       ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]");
+            eprintln!("       ctxbroker-bench classify [--data DIR] [--repeats N] [--explain]");
+            eprintln!(
+                "       ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]"
+            );
             eprintln!("       ctxbroker-bench plan [SIZES] [REPEATS]");
             eprintln!(
                 "       ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]"

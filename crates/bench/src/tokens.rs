@@ -51,8 +51,8 @@ const REPOSITORY_TEXTS: [(&str, &str); 6] = [
         include_str!("../../core/src/predicate.rs"),
     ),
     (
-        "crates/core/src/classify.rs",
-        include_str!("../../core/src/classify.rs"),
+        "crates/core/src/classify/modal.rs",
+        include_str!("../../core/src/classify/modal.rs"),
     ),
 ];
 

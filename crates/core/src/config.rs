@@ -1,5 +1,6 @@
 //! A session's configuration and the budget arithmetic derived from it.
 
+use crate::classify::{ClassifierTuning, MAX_PIN_PHRASE_BYTES, MAX_PIN_PHRASES};
 use crate::relevance::RelevanceWeights;
 
 /// When a session compacts.
@@ -27,8 +28,10 @@ pub enum TokenizerKind {
 /// How spans without a class are classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClassifierMode {
-    /// The rule classifier.
+    /// The modal phrase rules.
     Rules,
+    /// The scored standing-instruction model, with the session's tuning.
+    Model,
     /// The caller classifies; an unclassified span forces approval.
     CallerOnly,
 }
@@ -107,6 +110,9 @@ pub struct SessionConfig {
     /// The most tokens a summary's anchors may take; 0 means the whole
     /// summary cap. Anchors past it are dropped and counted in the marker.
     pub anchor_budget_tokens: u32,
+    /// The session's adjustments to the classifier: its pin threshold and
+    /// phrases of its own domain.
+    pub classifier_tuning: ClassifierTuning,
 }
 
 /// Defaults for the optional fields of a configuration.
@@ -144,6 +150,7 @@ impl SessionConfig {
             workload: None,
             relevance: RelevanceWeights::default(),
             anchor_budget_tokens: 0,
+            classifier_tuning: ClassifierTuning::default(),
         }
     }
 
@@ -282,6 +289,35 @@ impl SessionConfig {
                 description: format!(
                     "must be a positive number; got {}",
                     w.recency_half_life_turns
+                ),
+            });
+        }
+        let tuning = &self.classifier_tuning;
+        if let Some(t) = tuning.pin_threshold
+            && !(t.is_finite() && t > 0.0 && t < 1.0)
+        {
+            bad.push(ConfigViolation {
+                field: "config.classifier_tuning.pin_threshold",
+                description: format!("must be in the open interval (0, 1); got {t}"),
+            });
+        }
+        if tuning.pin_phrases.len() > MAX_PIN_PHRASES {
+            bad.push(ConfigViolation {
+                field: "config.classifier_tuning.pin_phrases",
+                description: format!(
+                    "must hold at most {MAX_PIN_PHRASES} phrases; got {}",
+                    tuning.pin_phrases.len()
+                ),
+            });
+        }
+        if let Some(phrase) = tuning.pin_phrases.iter().find(|p| {
+            p.trim().is_empty() || p.len() > MAX_PIN_PHRASE_BYTES || p.chars().any(char::is_control)
+        }) {
+            bad.push(ConfigViolation {
+                field: "config.classifier_tuning.pin_phrases",
+                description: format!(
+                    "each phrase must be 1 to {MAX_PIN_PHRASE_BYTES} bytes of text without control characters; got {} bytes",
+                    phrase.len()
                 ),
             });
         }

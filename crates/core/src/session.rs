@@ -111,6 +111,41 @@ pub struct Incoming {
     pub relevance_hint: Option<f64>,
     /// The caller left the class unspecified (matters under CALLER_ONLY).
     pub unclassified: bool,
+    /// The classifier's score of an unlabelled user or system span, made
+    /// before the session's turn was taken: admission decides its class
+    /// under the session's own tuning (threshold, phrases).
+    pub scored: Option<crate::classify::model::Scored>,
+}
+
+impl Incoming {
+    /// Decides the class of an unlabelled user or system span under the
+    /// session's classifier mode and tuning, deriving a predicate when it
+    /// becomes a constraint; other spans are unchanged. (The broker
+    /// classified it by the rules and scored it before the session's turn
+    /// was taken.)
+    fn settle(mut self, config: &SessionConfig) -> Incoming {
+        let Some(scored) = &self.scored else {
+            return self;
+        };
+        let tuning = &config.classifier_tuning;
+        let decided = match config.classifier {
+            ClassifierMode::Model => crate::classify::classification(&crate::classify::decide(
+                scored, &self.text, tuning,
+            )),
+            ClassifierMode::Rules | ClassifierMode::CallerOnly => {
+                match crate::classify::by_phrase(&self.text, tuning) {
+                    Some(pinned) => pinned,
+                    None => return self,
+                }
+            }
+        };
+        if decided.class != self.classification.class {
+            self.predicate = (decided.class == SpanClass::Constraint)
+                .then(|| predicate::derive(&self.text, None));
+        }
+        self.classification = decided;
+        self
+    }
 }
 
 /// What one operation changes, to be written atomically: the store applies
@@ -424,6 +459,7 @@ impl Session {
         let first_id = self.record.next_span_id;
         let spans: Vec<Span> = incoming
             .into_iter()
+            .map(|i| i.settle(config))
             .zip(first_id..)
             .map(|(i, id)| admitted_span(i, id, turn, now_ms))
             .collect();

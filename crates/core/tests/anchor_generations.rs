@@ -83,6 +83,7 @@ fn narrative(role: Role, text: String) -> Incoming {
         predicate: None,
         relevance_hint: None,
         unclassified: false,
+        scored: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn constraint(text: &str) -> Incoming {
         predicate: Some(derive(text, None)),
         relevance_hint: None,
         unclassified: false,
+        scored: None,
     }
 }
 

@@ -264,6 +264,7 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
         tokenizer: tokenizer_to_pb(c.tokenizer) as i32,
         classifier: match c.classifier {
             ClassifierMode::Rules => pb::ClassifierMode::Rules,
+            ClassifierMode::Model => pb::ClassifierMode::Model,
             ClassifierMode::CallerOnly => pb::ClassifierMode::CallerOnly,
         } as i32,
         max_summary_generations: Some(c.max_summary_generations),
@@ -285,6 +286,14 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
             recency_half_life_turns: Some(c.relevance.recency_half_life_turns),
         }),
         anchor_budget_tokens: Some(c.effective_anchor_budget_tokens()),
+        classifier_tuning: Some(pb::ClassifierTuning {
+            pin_threshold: Some(
+                c.classifier_tuning
+                    .pin_threshold
+                    .unwrap_or(ctxbroker_core::classify::model::builtin().pin_threshold),
+            ),
+            pin_phrases: c.classifier_tuning.pin_phrases.clone(),
+        }),
     }
 }
 

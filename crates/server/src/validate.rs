@@ -1,6 +1,7 @@
 //! Request validation. Every check names the field and the limit; a request
 //! with any bad field changes nothing.
 
+use ctxbroker_core::classify::ClassifierTuning;
 use ctxbroker_core::config::{
     AnchorPolicy, ClassifierMode, SessionConfig, SessionMode, TokenizerKind, TriggerPolicy,
 };
@@ -153,6 +154,7 @@ fn merge(
     match enum_value::<pb::ClassifierMode>("config.classifier", p.classifier, &mut bad) {
         Some(pb::ClassifierMode::Unspecified) | None => {}
         Some(pb::ClassifierMode::Rules) => c.classifier = ClassifierMode::Rules,
+        Some(pb::ClassifierMode::Model) => c.classifier = ClassifierMode::Model,
         Some(pb::ClassifierMode::CallerOnly) => c.classifier = ClassifierMode::CallerOnly,
     }
     match enum_value::<pb::AnchorPolicy>("config.anchor_policy", p.anchor_policy, &mut bad) {
@@ -184,6 +186,12 @@ fn merge(
     }
     if let Some(a) = p.anchor_budget_tokens {
         c.anchor_budget_tokens = a;
+    }
+    if let Some(t) = &p.classifier_tuning {
+        c.classifier_tuning = ClassifierTuning {
+            pin_threshold: t.pin_threshold,
+            pin_phrases: t.pin_phrases.clone(),
+        };
     }
 
     if c.window_tokens > limits.max_window_tokens {

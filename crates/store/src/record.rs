@@ -10,6 +10,7 @@
 //! These message types are the store's own: they are not the wire
 //! contract, and they change only together with [`FORMAT_VERSION`].
 
+use ctxbroker_core::classify::ClassifierTuning;
 use ctxbroker_core::config::{
     AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, TokenizerKind, TriggerPolicy,
 };
@@ -147,7 +148,7 @@ codes!(TokenizerKind, tokenizer_code, tokenizer_from, "tokenizer", {
     O200kBase = 1, Cl100kBase = 2, Client = 3,
 });
 codes!(ClassifierMode, classifier_code, classifier_from, "classifier mode", {
-    Rules = 1, CallerOnly = 2,
+    Rules = 1, CallerOnly = 2, Model = 3,
 });
 codes!(AnchorPolicy, anchor_policy_code, anchor_policy_from, "anchor policy", {
     Require = 1, Warn = 2,
@@ -257,6 +258,19 @@ pub(crate) struct ConfigRow {
     relevance: Option<RelevanceRow>,
     #[prost(uint32, tag = "16")]
     anchor_budget_tokens: u32,
+    /// Absent in records written before the classifier was tunable: the
+    /// model's own threshold and no phrases then apply.
+    #[prost(message, optional, tag = "17")]
+    classifier_tuning: Option<TuningRow>,
+}
+
+/// A session's adjustments to the classifier.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct TuningRow {
+    #[prost(double, optional, tag = "1")]
+    pin_threshold: Option<f64>,
+    #[prost(string, repeated, tag = "2")]
+    pin_phrases: Vec<String>,
 }
 
 /// A session's relevance weights.
@@ -518,6 +532,10 @@ fn config_row(c: &SessionConfig) -> ConfigRow {
             recency_half_life_turns: c.relevance.recency_half_life_turns,
         }),
         anchor_budget_tokens: c.anchor_budget_tokens,
+        classifier_tuning: Some(TuningRow {
+            pin_threshold: c.classifier_tuning.pin_threshold,
+            pin_phrases: c.classifier_tuning.pin_phrases.clone(),
+        }),
     }
 }
 
@@ -548,6 +566,13 @@ fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
             })
             .unwrap_or_default(),
         anchor_budget_tokens: row.anchor_budget_tokens,
+        classifier_tuning: row
+            .classifier_tuning
+            .map(|t| ClassifierTuning {
+                pin_threshold: t.pin_threshold,
+                pin_phrases: t.pin_phrases,
+            })
+            .unwrap_or_default(),
     })
 }
 
@@ -1062,7 +1087,7 @@ mod tests {
             trigger in 0usize..3,
             staleness_interval_ms in any::<u64>(),
             tokenizer in 0usize..3,
-            classifier in 0usize..2,
+            classifier in 0usize..3,
             max_summary_generations in any::<u32>(),
             anchor_policy in 0usize..2,
             mode in 0usize..2,
@@ -1070,6 +1095,8 @@ mod tests {
             workload in option::of(workload()),
             weights in vec(finite(), 5),
             anchor_budget_tokens in any::<u32>(),
+            pin_threshold in option::of(finite()),
+            pin_phrases in vec("[a-z ]{1,12}", 0..3),
         ) -> SessionConfig {
             SessionConfig {
                 window_tokens,
@@ -1080,7 +1107,7 @@ mod tests {
                 trigger: [TriggerPolicy::TokenBudget, TriggerPolicy::Hybrid, TriggerPolicy::TimeBased][trigger],
                 staleness_interval_ms,
                 tokenizer: [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase, TokenizerKind::Client][tokenizer],
-                classifier: [ClassifierMode::Rules, ClassifierMode::CallerOnly][classifier],
+                classifier: [ClassifierMode::Rules, ClassifierMode::CallerOnly, ClassifierMode::Model][classifier],
                 max_summary_generations,
                 anchor_policy: [AnchorPolicy::Require, AnchorPolicy::Warn][anchor_policy],
                 mode: [SessionMode::Auto, SessionMode::Approval][mode],
@@ -1094,6 +1121,10 @@ mod tests {
                     recency_half_life_turns: weights[4],
                 },
                 anchor_budget_tokens,
+                classifier_tuning: ctxbroker_core::classify::ClassifierTuning {
+                    pin_threshold,
+                    pin_phrases,
+                },
             }
         }
     }

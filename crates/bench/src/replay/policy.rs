@@ -278,6 +278,7 @@ fn broker(
             classification,
             relevance_hint: None,
             unclassified: true,
+            scored: None,
         };
         let live = s.record.live_tokens;
         let demand = live + u64::from(turn.tokens);

@@ -1,12 +1,14 @@
-//! The rule classifier: tells constraints from narrative in user and system
-//! turns (DESIGN §5.2).
+//! The modal phrase rules: which modality (prohibition, restriction,
+//! requirement, correction) a text expresses. A constraint's predicate
+//! takes its modality from here, and a compressed form must still express
+//! it. (Whether a span is a standing instruction at all is the model's
+//! decision, in the parent module.)
 //!
 //! # What fires
 //!
-//! A span is a constraint when its prose contains a modal phrase, matched
-//! case-insensitively on whole words (typographic apostrophes count as
-//! `'`). Text inside backticks and fenced code blocks is not prose: a
-//! keyword in pasted code or a log binds nothing.
+//! A phrase fires when it occurs in prose, matched case-insensitively on
+//! whole words (typographic apostrophes count as `'`). Text inside
+//! backticks and fenced code blocks is not prose.
 //!
 //! | modality | phrases |
 //! |---|---|
@@ -15,66 +17,22 @@
 //! | requirement | always, must, ensure, make sure, be sure to, remember to, required, mandatory, shall, you need to, you have to, you should |
 //! | correction | actually, instead, correction, i said, i meant, scratch that, rather than, not X but Y (within six words), X, not Y |
 //!
-//! When phrases of several modalities occur, the span's modality is the
+//! When phrases of several modalities occur, the text's modality is the
 //! first of prohibition, restriction, requirement, correction that has a
-//! hit, and the rule reported is that modality's first hit in the text. At
-//! one position the longest phrase wins and consumes its words, which is
-//! what makes "must not" a prohibition rather than a requirement.
+//! hit. At one position the longest phrase wins and consumes its words,
+//! which is what makes "must not" a prohibition rather than a requirement.
 //!
-//! # False positives
-//!
-//! For this product a false negative — a constraint treated as narrative,
-//! scored as old and off-topic, and evicted — is the catastrophic failure;
-//! a false positive only pins a span that could have been evicted, which
-//! costs budget. The rules therefore fire on any occurrence of a phrase,
-//! including narrative such as "I don't know why" or "it must be the
-//! cache". Only a few patterns that are never binding are excluded, each
-//! narrowly:
-//!
-//! - idioms: "never mind", "not only", "if only", "only just";
-//! - report clauses: a subject pronoun other than "you" (i, we, it, he,
-//!   she, they, this, that, which, there), then up to three of the adverbs
-//!   never/only/always/actually/really/even/ever/just/also/still/once, then
-//!   a verb that reports an observation — a past tense ("saw", "had",
-//!   anything ending in "-ed" except "-eed") or a behaviour verb ("fails",
-//!   "happens", "works", "crashes", ...). So "I never saw this error" and
-//!   "it only fails on CI" stay narrative, while "we never deploy on
-//!   Fridays" or "it only writes to stage" are still pinned: the
-//!   exclusion needs the observation verb, not just the pronoun.
-//! - "X, not Y" does not fire when "not" starts a common idiom ("not
-//!   sure", "not yet", "not really", ...).
-//!
-//! Strong phrases (must, do not, don't, forbidden, ensure, ...) have no
-//! exclusions at all.
+//! A few patterns never express a modality: idioms ("never mind", "not
+//! only", "if only", "only just"), report clauses (a subject pronoun other
+//! than "you", up to three adverbs, then a verb reporting an observation:
+//! "I never saw this", "it only fails on CI"), and "X, not Y" where "not"
+//! starts an idiom ("not sure", "not yet").
 
 use std::sync::OnceLock;
 
-use crate::span::{ClassSource, Classification, Modality, Role, SpanClass};
+use crate::span::Modality;
 
-/// Decides the class of a span whose caller gave none.
-///
-/// Only user and system turns are read: tool output and the model's own
-/// turns describe the world rather than bind the agent, so they are
-/// narrative unless the caller says otherwise.
-pub fn classify(role: Role, text: &str) -> Classification {
-    match role {
-        Role::Tool => rules(SpanClass::Narrative, "role:tool".to_string()),
-        Role::Assistant => rules(SpanClass::Narrative, "role:assistant".to_string()),
-        Role::User | Role::System => {
-            let analysis = analyse(text);
-            match analysis.primary() {
-                Some(hit) => rules(
-                    SpanClass::Constraint,
-                    format!("{}:{}", modality_name(hit.modality), hit.rule),
-                ),
-                None => rules(SpanClass::Narrative, "default:narrative".to_string()),
-            }
-        }
-    }
-}
-
-/// The modality a text expresses, by the same rules as [`classify`]
-/// regardless of role; `None` when no rule fires.
+/// The modality a text expresses; `None` when no rule fires.
 ///
 /// Used to derive a predicate's modality from a constraint's text, and to
 /// check that a compressed form still expresses it.
@@ -90,14 +48,6 @@ pub fn modality_name(modality: Modality) -> &'static str {
         Modality::Restriction => "restriction",
         Modality::Requirement => "requirement",
         Modality::Correction => "correction",
-    }
-}
-
-fn rules(class: SpanClass, rule: String) -> Classification {
-    Classification {
-        class,
-        source: ClassSource::Rules,
-        rule,
     }
 }
 
@@ -627,38 +577,8 @@ fn push_word(words: &mut Vec<Word>, text: String, clause: u32, after_comma: &mut
 mod tests {
     use super::*;
 
-    fn class_of(role: Role, text: &str) -> (SpanClass, String) {
-        let c = classify(role, text);
-        assert_eq!(c.source, ClassSource::Rules);
-        (c.class, c.rule)
-    }
-
     #[test]
-    fn the_prod_constraint_is_a_prohibition() {
-        let c = classify(
-            Role::User,
-            "Never write to the `prod` namespace; stage only.",
-        );
-        assert_eq!(c.class, SpanClass::Constraint);
-        assert_eq!(c.rule, "prohibition:never");
-        assert_eq!(
-            modality_of("Never write to the `prod` namespace; stage only."),
-            Some(Modality::Prohibition)
-        );
-    }
-
-    #[test]
-    fn ordinary_task_turns_are_narrative() {
-        let c = classify(
-            Role::User,
-            "Refactor k8s/staging/deploy.yaml to use kustomize overlays for the staging namespace.",
-        );
-        assert_eq!(c.class, SpanClass::Narrative);
-        assert_eq!(c.rule, "default:narrative");
-    }
-
-    #[test]
-    fn constraints_by_table() {
+    fn modalities_by_table() {
         let cases: &[(&str, &str)] = &[
             (
                 "Never write to the `prod` namespace; stage only.",
@@ -682,11 +602,6 @@ mod tests {
             ("You cannot use sudo here.", "prohibition:you cannot"),
             ("Avoid network calls in tests.", "prohibition:avoid"),
             ("Use the staging cluster only.", "restriction:only"),
-            ("Only edit files under src/.", "restriction:only"),
-            (
-                "Deploy exclusively through ArgoCD.",
-                "restriction:exclusively",
-            ),
             ("Use at most 4 threads.", "restriction:at most"),
             (
                 "Keep it to no more than 3 retries.",
@@ -696,47 +611,33 @@ mod tests {
                 "Always run `cargo fmt` before committing.",
                 "requirement:always",
             ),
-            (
-                "The API must stay backwards compatible.",
-                "requirement:must",
-            ),
             ("Ensure every handler has a timeout.", "requirement:ensure"),
-            ("Make sure the tests pass.", "requirement:make sure"),
             ("You need to sign every commit.", "requirement:you need to"),
             ("Actually, use port 8080.", "correction:actually"),
             ("Use Postgres instead of MySQL.", "correction:instead"),
-            (
-                "Correction: the bucket is eu-west-1.",
-                "correction:correction",
-            ),
             ("I said the staging namespace.", "correction:i said"),
             ("Use not the v1 API but v2.", "correction:not X but Y"),
             ("Deploy to stage, not prod.", "correction:X, not Y"),
             ("Actually, never use prod.", "prohibition:never"),
-            ("Always use stage only.", "restriction:only"),
-            ("We never deploy on Fridays.", "prohibition:never"),
-            ("It only writes to stage.", "restriction:only"),
         ];
         for (text, rule) in cases {
-            for role in [Role::User, Role::System] {
-                assert_eq!(
-                    class_of(role, text),
-                    (SpanClass::Constraint, rule.to_string()),
-                    "{text:?}"
-                );
-            }
+            let analysis = analyse(text);
+            let Some(hit) = analysis.primary() else {
+                panic!("no modal phrase in {text:?}");
+            };
+            assert_eq!(
+                format!("{}:{}", modality_name(hit.modality), hit.rule),
+                *rule,
+                "{text:?}"
+            );
         }
     }
 
     #[test]
-    fn narrative_by_table() {
-        let cases: &[&str] = &[
-            "Refactor k8s/staging/deploy.yaml to use kustomize overlays for the staging namespace.",
-            "Here is the stack trace from the last run.",
+    fn reports_and_idioms_express_no_modality() {
+        for text in [
             "I never saw this error before the upgrade.",
-            "I never actually saw this error.",
             "It only fails on CI.",
-            "This always happened after the upgrade.",
             "They only crash on arm64.",
             "Never mind, the build is green now.",
             "This is not only slow but also flaky.",
@@ -745,31 +646,10 @@ mod tests {
             "It works, not sure why.",
             "Rename the `must_have` flag to `required_flag`.",
             "Run ```\nnever_do_this()\n``` to reproduce.",
-            "Look at `do not` in the docs.",
             "",
-            "   \n\t ",
-            "🦀🦀🦀 日本語のテキスト",
-        ];
-        for text in cases {
-            assert_eq!(
-                class_of(Role::User, text),
-                (SpanClass::Narrative, "default:narrative".to_string()),
-                "{text:?}"
-            );
+        ] {
+            assert_eq!(modality_of(text), None, "{text:?}");
         }
-    }
-
-    #[test]
-    fn tool_and_assistant_output_is_narrative() {
-        let text = "ERROR: you must never do this";
-        assert_eq!(
-            class_of(Role::Tool, text),
-            (SpanClass::Narrative, "role:tool".to_string())
-        );
-        assert_eq!(
-            class_of(Role::Assistant, text),
-            (SpanClass::Narrative, "role:assistant".to_string())
-        );
     }
 
     #[test]
@@ -819,7 +699,6 @@ mod tests {
             "\u{0301}only",
             "x,not",
         ] {
-            let _ = classify(Role::User, text);
             let _ = modality_of(text);
         }
     }

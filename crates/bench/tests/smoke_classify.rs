@@ -1,0 +1,83 @@
+//! `classify`: the labelled spans load, the compiled-in model is what
+//! training on them gives, the table prints, and every category of the
+//! training split is handled as its label says by the model (in-sample,
+//! so these are floors that catch a broken feature, not the measurement;
+//! the measurement is the held-out split in docs/benchmarks.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod support;
+
+use ctxbroker_bench::classify::{Decider, default_data_dir, evaluate, load};
+
+#[test]
+fn the_compiled_model_is_reproduced_by_training() {
+    support::bench(&["classify", "train", "--check"]);
+    let out = support::bench(&["classify", "--repeats", "1"]);
+    assert!(out.contains("| train |"), "{out}");
+    assert!(out.contains("modal rules"), "{out}");
+    assert!(out.contains("time per user/system span"), "{out}");
+}
+
+#[test]
+fn every_category_is_handled_as_labelled() {
+    let spans = load(&default_data_dir(), "train").unwrap();
+    let report = evaluate(&spans, Decider::Model).unwrap();
+    let expected = [
+        // Standing instructions: pinned.
+        ("modal_prohibition", true),
+        ("modal_requirement", true),
+        ("restriction", true),
+        ("ban_noun_phrase", true),
+        ("format_rule", true),
+        ("scoped_preference", true),
+        ("conditional_rule", true),
+        ("persistent_correction", true),
+        ("multi_rule", true),
+        ("buried_rule", true),
+        ("polite_form", true),
+        ("other_language", true),
+        // Everything else: mostly not.
+        ("question", false),
+        ("step_local", false),
+        ("transient_hold", false),
+        ("reported_speech", false),
+        ("user_pasted_output", false),
+        ("tool_output", false),
+        ("assistant_output", false),
+        ("plain_narrative", false),
+        ("acknowledgement", false),
+        ("task_request", false),
+    ];
+    for (category, standing) in expected {
+        let tally = report
+            .by_category
+            .get(category)
+            .unwrap_or_else(|| panic!("no {category} spans in the training split"));
+        assert!(tally.n >= 4, "{category}: only {} spans", tally.n);
+        let pinned = tally.pinned as f64 / tally.n as f64;
+        if standing {
+            assert!(
+                pinned >= 0.8,
+                "{category}: {}/{} pinned",
+                tally.pinned,
+                tally.n
+            );
+        } else {
+            assert!(
+                pinned <= 0.7,
+                "{category}: {}/{} pinned",
+                tally.pinned,
+                tally.n
+            );
+        }
+    }
+    // Tool and assistant output is never pinned, whatever it says.
+    for category in ["tool_output", "assistant_output"] {
+        assert_eq!(report.by_category[category].pinned, 0, "{category}");
+    }
+    // Against the modal rules, on the same spans.
+    let rules = evaluate(&spans, Decider::ModalRules).unwrap();
+    assert!(report.scored.recall() > rules.scored.recall());
+    assert!(report.scored.precision() > rules.scored.precision());
+}

@@ -1,0 +1,322 @@
+//! Telling standing instructions from narrative in spans nobody labelled.
+//!
+//! A span keeps the class its caller gives. For the rest, tool and
+//! assistant output is narrative (it describes the world; it does not bind
+//! the agent). User and system turns are classified, per session, by one
+//! of two deciders:
+//!
+//! - **the modal phrase rules** ([`classify`], mode `RULES`, the default):
+//!   a constraint when a prohibition, restriction, requirement or
+//!   correction phrase fires ([`modal`]);
+//! - **the scored model** ([`classify_with`], mode `MODEL`): a small linear
+//!   model over linguistic features ([`features`]), learned from the
+//!   labelled spans in `data/classify` ([`train`]).
+//!
+//! A session's own phrases ([`ClassifierTuning`]) pin under either.
+//!
+//! The model: a segment (line or
+//! sentence) scores high when it reads as an instruction that reaches
+//! beyond the current step — a modal or a ban, an imperative with a scope,
+//! a label and a format, a condition and an action, a correction that
+//! holds — and low when it reads as a question, a time-limited hold, a
+//! report of someone else's words, a statement or guesswork, or pasted
+//! output. A span's score is its best segment's, so a rule buried in a
+//! long message counts.
+//!
+//! Each decision is explainable: the classification's `rule` says the
+//! verdict, the score and the features that carried it
+//! (`standing 0.97: +noun_ban +scope -length`). It is deterministic and
+//! linear in the text. Sessions can lower or raise the pin threshold and
+//! add phrases of their own ([`ClassifierTuning`]).
+//!
+//! Transient holds ("don't change anything yet", "wait until I've looked")
+//! and step-local instructions ("make sure this test passes") are not
+//! pinned: the time limit or the pointer at the current step is part of
+//! what the model reads, and such a span stays narrative, evicted by
+//! relevance like the rest of the step it belongs to.
+//!
+//! The modal phrase rules ([`modal`]) still name a constraint's modality
+//! for its predicate and check that a compressed form keeps it.
+
+pub mod features;
+mod lexicon;
+mod modal;
+pub mod model;
+pub mod train;
+mod weights;
+
+pub(crate) use modal::{CodeCursor, analyse, code_ranges, is_word_char};
+pub use modal::{modality_name, modality_of};
+
+use crate::span::{ClassSource, Classification, Role, SpanClass};
+
+/// The most phrases a session may add.
+pub const MAX_PIN_PHRASES: usize = 32;
+/// The longest phrase a session may add, in bytes.
+pub const MAX_PIN_PHRASE_BYTES: usize = 128;
+
+/// How one session adjusts the classifier.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClassifierTuning {
+    /// The score at or above which a span is pinned, in (0, 1); `None`
+    /// keeps the model's own threshold.
+    pub pin_threshold: Option<f64>,
+    /// Phrases that mark a standing instruction in this session's domain
+    /// (matched case-insensitively on whole words in user and system
+    /// turns), for wordings the model does not know.
+    pub pin_phrases: Vec<String>,
+}
+
+/// The verdict of the model on one user or system span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// A standing instruction: pinned.
+    Standing,
+    /// Looks like an instruction but scored below the pin threshold.
+    Doubtful,
+    /// Narrative.
+    Narrative,
+}
+
+impl Verdict {
+    fn name(self) -> &'static str {
+        match self {
+            Verdict::Standing => "standing",
+            Verdict::Doubtful => "doubtful",
+            Verdict::Narrative => "narrative",
+        }
+    }
+}
+
+/// A scored decision and its explanation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assessment {
+    /// Standing, doubtful or narrative.
+    pub verdict: Verdict,
+    /// The model's score in [0, 1] (1 when a session phrase decided).
+    pub score: f64,
+    /// The deciding segment's byte range in the text.
+    pub segment: Option<(usize, usize)>,
+    /// The explanation, as the classification's `rule`.
+    pub explanation: String,
+}
+
+/// Decides the class of a span whose caller gave none by the modal phrase
+/// rules (the `RULES` classifier mode, the default): a user or system span
+/// is a constraint when a modal phrase fires ("prohibition:never");
+/// tool and assistant output is narrative.
+pub fn classify(role: Role, text: &str) -> Classification {
+    match role {
+        Role::Tool => by_rules(SpanClass::Narrative, "role:tool".to_owned()),
+        Role::Assistant => by_rules(SpanClass::Narrative, "role:assistant".to_owned()),
+        Role::User | Role::System => match analyse(text).primary() {
+            Some(hit) => by_rules(
+                SpanClass::Constraint,
+                format!("{}:{}", modality_name(hit.modality), hit.rule),
+            ),
+            None => by_rules(SpanClass::Narrative, "default:narrative".to_owned()),
+        },
+    }
+}
+
+/// Decides the class of a span whose caller gave none by the scored model
+/// (the `MODEL` classifier mode), under a session's tuning.
+pub fn classify_with(role: Role, text: &str, tuning: &ClassifierTuning) -> Classification {
+    match role {
+        Role::Tool | Role::Assistant => classify(role, text),
+        Role::User | Role::System => classification(&assess(role, text, tuning)),
+    }
+}
+
+/// A constraint when one of the session's phrases occurs in `text` (on
+/// whole words, ignoring case), whatever the classifier mode.
+pub fn by_phrase(text: &str, tuning: &ClassifierTuning) -> Option<Classification> {
+    tuning
+        .pin_phrases
+        .iter()
+        .find(|p| contains_phrase(text, p))
+        .map(|p| by_rules(SpanClass::Constraint, format!("phrase:{p:?}")))
+}
+
+/// Scores a user or system span and explains the score.
+pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
+    decide(&score(role, text), text, tuning)
+}
+
+/// The model's score of a user or system span: the costly part of
+/// classifying, independent of any session's tuning, so it can run before
+/// the session's turn is taken.
+pub fn score(role: Role, text: &str) -> model::Scored {
+    model::builtin().score(text, role == Role::System)
+}
+
+/// The verdict on a scored span under a session's tuning; cheap.
+pub fn decide(scored: &model::Scored, text: &str, tuning: &ClassifierTuning) -> Assessment {
+    let model = model::builtin();
+    let phrase = tuning.pin_phrases.iter().find(|p| contains_phrase(text, p));
+    let pin = tuning.pin_threshold.unwrap_or(model.pin_threshold);
+    let doubt = model.doubt_threshold.min(pin);
+    let (verdict, score) = match phrase {
+        Some(_) => (Verdict::Standing, 1.0),
+        None if scored.score >= pin => (Verdict::Standing, scored.score),
+        None if scored.score >= doubt => (Verdict::Doubtful, scored.score),
+        None => (Verdict::Narrative, scored.score),
+    };
+    let mut explanation = format!("{} {:.2}:", verdict.name(), score);
+    if let Some(p) = phrase {
+        explanation.push_str(&format!(" +phrase:{p:?}"));
+    }
+    for (f, _) in &scored.raised_by {
+        explanation.push_str(" +");
+        explanation.push_str(f.name());
+    }
+    for (f, _) in &scored.lowered_by {
+        explanation.push_str(" -");
+        explanation.push_str(f.name());
+    }
+    if explanation.ends_with(':') {
+        explanation.push_str(" no prose");
+    }
+    Assessment {
+        verdict,
+        score,
+        segment: scored.segment,
+        explanation,
+    }
+}
+
+/// The classification of an assessed user or system span.
+pub fn classification(assessment: &Assessment) -> Classification {
+    let class = match assessment.verdict {
+        Verdict::Standing => SpanClass::Constraint,
+        Verdict::Doubtful | Verdict::Narrative => SpanClass::Narrative,
+    };
+    by_rules(class, assessment.explanation.clone())
+}
+
+/// Whether `text` contains `phrase` on whole-word boundaries, ignoring
+/// case.
+fn contains_phrase(text: &str, phrase: &str) -> bool {
+    let phrase = phrase.trim().to_lowercase();
+    if phrase.is_empty() {
+        return false;
+    }
+    let lowered = text.to_lowercase();
+    let mut from = 0;
+    while let Some(found) = lowered[from..].find(&phrase) {
+        let start = from + found;
+        let end = start + phrase.len();
+        let before = lowered[..start].chars().next_back();
+        let after = lowered[end..].chars().next();
+        let edge = |c: Option<char>, inner: Option<char>| {
+            c.is_none_or(|c| !is_word_char(c)) || inner.is_some_and(|i| !is_word_char(i))
+        };
+        if edge(before, phrase.chars().next()) && edge(after, phrase.chars().next_back()) {
+            return true;
+        }
+        from = start + lowered[start..].chars().next().map_or(1, char::len_utf8);
+    }
+    false
+}
+
+fn by_rules(class: SpanClass, rule: String) -> Classification {
+    Classification {
+        class,
+        source: ClassSource::Rules,
+        rule,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_and_assistant_output_is_narrative_by_role() {
+        let text = "ERROR: you must never do this";
+        assert_eq!(classify(Role::Tool, text).rule, "role:tool");
+        assert_eq!(classify(Role::Assistant, text).rule, "role:assistant");
+        assert_eq!(classify(Role::Tool, text).class, SpanClass::Narrative);
+    }
+
+    #[test]
+    fn explanations_name_the_verdict_score_and_features() {
+        let c = classify_with(
+            Role::User,
+            "Never write to the `prod` namespace; stage only.",
+            &ClassifierTuning::default(),
+        );
+        assert_eq!(c.class, SpanClass::Constraint, "{}", c.rule);
+        assert!(c.rule.starts_with("standing "), "{}", c.rule);
+        assert!(c.rule.contains("+neg_modal"), "{}", c.rule);
+        assert_eq!(c.source, ClassSource::Rules);
+    }
+
+    #[test]
+    fn the_rules_name_the_modal_phrase() {
+        let c = classify(
+            Role::User,
+            "Never write to the `prod` namespace; stage only.",
+        );
+        assert_eq!(c.class, SpanClass::Constraint);
+        assert_eq!(c.rule, "prohibition:never");
+        assert_eq!(
+            classify(Role::User, "Refactor the parser.").rule,
+            "default:narrative"
+        );
+        let tuning = ClassifierTuning {
+            pin_threshold: None,
+            pin_phrases: vec!["house rule".into()],
+        };
+        let c = by_phrase("House rule: tickets get a PR link.", &tuning);
+        assert_eq!(c.map(|c| c.rule).as_deref(), Some("phrase:\"house rule\""));
+        assert_eq!(by_phrase("no rule here", &tuning), None);
+    }
+
+    #[test]
+    fn session_phrases_pin_on_whole_words_only() {
+        let tuning = ClassifierTuning {
+            pin_threshold: None,
+            pin_phrases: vec!["house rule".into()],
+        };
+        let c = classify_with(Role::User, "House rule: tickets get a PR link.", &tuning);
+        assert_eq!(c.class, SpanClass::Constraint);
+        assert!(c.rule.contains("+phrase:\"house rule\""), "{}", c.rule);
+        assert!(!contains_phrase(
+            "the warehouse rules are odd",
+            "house rule"
+        ));
+        assert!(contains_phrase("A HOUSE RULE.", "house rule"));
+        assert!(!contains_phrase("anything", ""));
+    }
+
+    #[test]
+    fn the_threshold_is_adjustable() {
+        let text = "Why does the build fail?";
+        let low = ClassifierTuning {
+            pin_threshold: Some(0.000_001),
+            pin_phrases: Vec::new(),
+        };
+        assert_eq!(
+            classify_with(Role::User, text, &low).class,
+            SpanClass::Constraint
+        );
+        let high = ClassifierTuning {
+            pin_threshold: Some(0.999_999),
+            pin_phrases: Vec::new(),
+        };
+        assert_eq!(
+            classify_with(Role::User, "Never push to main.", &high).class,
+            SpanClass::Narrative
+        );
+    }
+
+    #[test]
+    fn empty_text_is_narrative() {
+        for text in ["", "   \n\t ", "```\nnever\n```"] {
+            let c = classify_with(Role::User, text, &ClassifierTuning::default());
+            assert_eq!(c.class, SpanClass::Narrative, "{text:?}: {}", c.rule);
+            assert_eq!(classify(Role::User, text).class, SpanClass::Narrative);
+        }
+    }
+}
