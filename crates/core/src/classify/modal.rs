@@ -188,7 +188,7 @@ const REPORT_ADVERBS: &[&str] = &[
 ];
 
 /// Irregular past tenses and participles of a report.
-const IRREGULAR_PAST: &[&str] = &[
+pub(super) const IRREGULAR_PAST: &[&str] = &[
     "saw",
     "seen",
     "was",
