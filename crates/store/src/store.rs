@@ -48,6 +48,45 @@ impl fmt::Debug for Store {
     }
 }
 
+/// How long an open waits for the directory's lock to be released: the
+/// engine of a store closed an instant ago (a restart in the same process,
+/// a process still exiting) lets go of it from its own threads, a moment
+/// after the last handle is dropped. A directory held longer — another
+/// daemon serving it — is refused after this wait.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Opens the engine, waiting at most [`LOCK_WAIT`] for the directory's
+/// lock.
+fn open_engine(dir: &Path, options: &StoreOptions) -> Result<sled::Db, StoreError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let opened = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_capacity_bytes)
+            .flush_every_ms(Some(500))
+            .open();
+        match opened {
+            Ok(db) => return Ok(db),
+            // sled 0.34.7 (pinned) reports a held lock as an `Other` I/O
+            // error with this message.
+            Err(sled::Error::Io(err))
+                if err.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(match StoreError::engine(e) {
+                    StoreError::Io(msg) => {
+                        StoreError::Io(format!("opening {}: {msg}", dir.display()))
+                    }
+                    other => other,
+                });
+            }
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir` and starts its writer.
     ///
@@ -57,15 +96,7 @@ impl Store {
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
-        let db = sled::Config::new()
-            .path(dir)
-            .cache_capacity(options.cache_capacity_bytes)
-            .flush_every_ms(Some(500))
-            .open()
-            .map_err(|e| match StoreError::engine(e) {
-                StoreError::Io(msg) => StoreError::Io(format!("opening {}: {msg}", dir.display())),
-                other => other,
-            })?;
+        let db = open_engine(dir, &options)?;
         let trees = Trees::open(db)?;
         let (next_seq, oldest_seq) = check_format(&trees)?;
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
