@@ -5,8 +5,8 @@
 //! was lost and the way out.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
 use pb::Role;
@@ -31,33 +31,22 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// Runs the daemon on `dir` and expects it to refuse to start: returns
 /// what it wrote to stderr.
-fn refused_start(dir: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ctxbrokerd"))
+fn refused_on(dir: &Path) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ctxbrokerd"));
+    command
         .arg("--listen")
         .arg("127.0.0.1:0")
         .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!(
-                "the daemon started on a damaged directory {}",
-                dir.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = child.wait_with_output().unwrap();
+        .arg(dir);
+    let (status, stderr) = refused_start(
+        command,
+        &format!(
+            "the daemon started on a damaged directory {}",
+            dir.display()
+        ),
+    );
     assert!(!status.success(), "exit status {status:?}");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    stderr
 }
 
 #[tokio::test]
@@ -93,7 +82,7 @@ async fn a_damaged_log_is_refused_not_served_older() {
         let mut bytes = std::fs::read(engine_log(&dir)).unwrap();
         harm(&mut bytes);
         std::fs::write(engine_log(&dir), bytes).unwrap();
-        let stderr = refused_start(&dir);
+        let stderr = refused_on(&dir);
         assert!(
             stderr.contains("lost acknowledged writes"),
             "{what}: {stderr}"

@@ -10,10 +10,11 @@
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use ctxbroker_server::socket::inherit_as;
+
+use crate::support::refused_start;
 
 /// The number the daemon is told to serve on.
 const TARGET: i32 = 3;
@@ -27,10 +28,7 @@ fn start_with_fd(fd_arg: &str, handed: Option<&OwnedFd>) -> (std::process::ExitS
         .arg(format!("--listen-fd={fd_arg}"))
         .arg("--data-dir")
         .arg(data.path().join("data"))
-        .env("CTXBROKER_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env("CTXBROKER_LOG", "warn");
     if let Some(fd) = handed {
         let raw = fd.as_raw_fd();
         // SAFETY: only fcntl/dup2 between fork and exec (async-signal-safe).
@@ -38,20 +36,10 @@ fn start_with_fd(fd_arg: &str, handed: Option<&OwnedFd>) -> (std::process::ExitS
             command.pre_exec(move || inherit_as(raw, TARGET));
         }
     }
-    let mut child = command.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("the daemon served on --listen-fd {fd_arg}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = child.wait_with_output().unwrap();
-    (status, String::from_utf8_lossy(&output.stderr).into_owned())
+    refused_start(
+        command,
+        &format!("the daemon served on --listen-fd {fd_arg}"),
+    )
 }
 
 #[test]

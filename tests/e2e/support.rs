@@ -224,6 +224,31 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs a daemon that is expected to refuse to start: returns its exit
+/// status and what it wrote to stderr. Still running after 30 s, it is
+/// killed and the test fails, saying `what` it did instead.
+pub fn refused_start(mut command: Command, what: &str) -> (ExitStatus, String) {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ctxbrokerd starts");
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().unwrap();
+    (status, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
 /// A session config with a window and defaults for the rest.
 ///
 /// The soft watermark is the budget itself, so no background
