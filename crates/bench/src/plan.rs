@@ -564,7 +564,6 @@ pub fn workload(n: usize, c: &'static dyn TokenCounter) -> (Session, Vec<Incomin
         predicate: None,
         relevance_hint: None,
         unclassified: true,
-        scored: None,
     }];
 
     // A window whose budget holds the live spans and half the turn.

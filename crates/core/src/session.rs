@@ -109,29 +109,25 @@ pub struct Incoming {
     pub predicate: Option<crate::span::Predicate>,
     /// The caller's relevance hint.
     pub relevance_hint: Option<f64>,
-    /// The caller left the class unspecified (matters under CALLER_ONLY).
+    /// The caller left the class unspecified: the session's classifier
+    /// mode and tuning decide it at admission (and it matters under
+    /// CALLER_ONLY).
     pub unclassified: bool,
-    /// The classifier's score of an unlabelled user or system span, made
-    /// before the session's turn was taken: admission decides its class
-    /// under the session's own tuning (threshold, phrases).
-    pub scored: Option<crate::classify::model::Scored>,
 }
 
 impl Incoming {
     /// Decides the class of an unlabelled user or system span under the
     /// session's classifier mode and tuning, deriving a predicate when it
     /// becomes a constraint; other spans are unchanged. (The broker
-    /// classified it by the rules and scored it before the session's turn
-    /// was taken.)
+    /// classified it by the rules, the default mode, before the session's
+    /// turn was taken; only a session in MODEL mode pays for the model.)
     fn settle(mut self, config: &SessionConfig) -> Incoming {
-        let Some(scored) = &self.scored else {
+        if !self.unclassified || !matches!(self.role, Role::User | Role::System) {
             return self;
-        };
+        }
         let tuning = &config.classifier_tuning;
         let decided = match config.classifier {
-            ClassifierMode::Model => crate::classify::classification(&crate::classify::decide(
-                scored, &self.text, tuning,
-            )),
+            ClassifierMode::Model => crate::classify::classify_with(self.role, &self.text, tuning),
             ClassifierMode::Rules | ClassifierMode::CallerOnly => {
                 match crate::classify::by_phrase(&self.text, tuning) {
                     Some(pinned) => pinned,

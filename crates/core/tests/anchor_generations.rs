@@ -83,7 +83,6 @@ fn narrative(role: Role, text: String) -> Incoming {
         predicate: None,
         relevance_hint: None,
         unclassified: false,
-        scored: None,
     }
 }
 
@@ -100,7 +99,6 @@ fn constraint(text: &str) -> Incoming {
         predicate: Some(derive(text, None)),
         relevance_hint: None,
         unclassified: false,
-        scored: None,
     }
 }
 

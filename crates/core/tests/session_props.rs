@@ -301,8 +301,6 @@ fn incoming(role: Role, text: String, class: Option<SpanClass>) -> Incoming {
         None => classify(role, &text),
     };
     let predicate = (classification.class == SpanClass::Constraint).then(|| derive(&text, None));
-    let scored = (class.is_none() && matches!(role, Role::User | Role::System))
-        .then(|| ctxbroker_core::classify::score(role, &text));
     Incoming {
         role,
         tokens: count(&text),
@@ -311,7 +309,6 @@ fn incoming(role: Role, text: String, class: Option<SpanClass>) -> Incoming {
         predicate,
         relevance_hint: None,
         unclassified: class.is_none(),
-        scored,
     }
 }
 

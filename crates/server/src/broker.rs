@@ -928,11 +928,9 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                 _ => counter.count(&input.text),
             };
             let unclassified = input.span_class() == pb::SpanClass::Unspecified;
-            // Classified by the rules and scored by the model here,
-            // outside the session's turn; the session's classifier mode
-            // and tuning decide at admission.
-            let scored = (unclassified && matches!(role, Role::User | Role::System))
-                .then(|| classify::score(role, &input.text));
+            // Classified by the rules (the default mode) here, outside the
+            // session's turn; a session's own mode and tuning decide at
+            // admission.
             let classification = match input.span_class() {
                 pb::SpanClass::Constraint => Classification {
                     class: SpanClass::Constraint,
@@ -956,7 +954,6 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                 predicate,
                 relevance_hint: input.relevance_hint,
                 unclassified,
-                scored,
             }
         })
         .collect()

@@ -278,7 +278,6 @@ fn broker(
             classification,
             relevance_hint: None,
             unclassified: true,
-            scored: None,
         };
         let live = s.record.live_tokens;
         let demand = live + u64::from(turn.tokens);

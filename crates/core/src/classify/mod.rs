@@ -131,29 +131,20 @@ pub fn classify_with(role: Role, text: &str, tuning: &ClassifierTuning) -> Class
 /// A constraint when one of the session's phrases occurs in `text` (on
 /// whole words, ignoring case), whatever the classifier mode.
 pub fn by_phrase(text: &str, tuning: &ClassifierTuning) -> Option<Classification> {
-    tuning
-        .pin_phrases
-        .iter()
-        .find(|p| contains_phrase(text, p))
-        .map(|p| by_rules(SpanClass::Constraint, format!("phrase:{p:?}")))
+    matching_phrase(text, tuning).map(|p| by_rules(SpanClass::Constraint, format!("phrase:{p:?}")))
 }
 
-/// Scores a user or system span and explains the score.
+/// The first of the session's phrases that occurs in `text`.
+fn matching_phrase<'t>(text: &str, tuning: &'t ClassifierTuning) -> Option<&'t String> {
+    tuning.pin_phrases.iter().find(|p| contains_phrase(text, p))
+}
+
+/// Scores a user or system span under a session's tuning and explains the
+/// score.
 pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
-    decide(&score(role, text), text, tuning)
-}
-
-/// The model's score of a user or system span: the costly part of
-/// classifying, independent of any session's tuning, so it can run before
-/// the session's turn is taken.
-pub fn score(role: Role, text: &str) -> model::Scored {
-    model::builtin().score(text, role == Role::System)
-}
-
-/// The verdict on a scored span under a session's tuning; cheap.
-pub fn decide(scored: &model::Scored, text: &str, tuning: &ClassifierTuning) -> Assessment {
     let model = model::builtin();
-    let phrase = tuning.pin_phrases.iter().find(|p| contains_phrase(text, p));
+    let scored = model.score(text, role == Role::System);
+    let phrase = matching_phrase(text, tuning);
     let pin = tuning.pin_threshold.unwrap_or(model.pin_threshold);
     let doubt = model.doubt_threshold.min(pin);
     let (verdict, score) = match phrase {
