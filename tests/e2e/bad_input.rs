@@ -465,6 +465,17 @@ async fn a_table_of_hostile_requests_gets_documented_statuses_and_writes_nothing
             "config.classifier_tuning.pin_phrases",
         ),
         (
+            "a tier share above one half",
+            config(&|c| {
+                c.classifier_tuning = Some(pb::ClassifierTuning {
+                    protected_fraction: Some(0.75),
+                    ..Default::default()
+                })
+            }),
+            InvalidArgument,
+            "config.classifier_tuning.protected_fraction",
+        ),
+        (
             "NaN half-life",
             config(&|c| {
                 c.relevance = Some(pb::RelevanceWeights {

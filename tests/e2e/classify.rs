@@ -14,6 +14,7 @@ fn tuned(phrases: &[&str], threshold: Option<f64>) -> pb::SessionConfig {
         classifier_tuning: Some(pb::ClassifierTuning {
             pin_threshold: threshold,
             pin_phrases: phrases.iter().map(|p| p.to_string()).collect(),
+            protected_fraction: None,
         }),
         ..window(4_000)
     }
@@ -35,16 +36,24 @@ async fn verdicts_are_explained_and_sessions_tune_them() {
     let mut daemon = Daemon::start().await;
     let mut client = daemon.client().await;
 
-    // The rules by default, naming their phrase.
-    create(&mut client, "rules", window(4_000)).await;
+    // The modal rules when asked for, naming their phrase.
+    create(
+        &mut client,
+        "rules",
+        pb::SessionConfig {
+            classifier: pb::ClassifierMode::Rules as i32,
+            ..window(4_000)
+        },
+    )
+    .await;
     let ruled = admitted_class(&mut client, "rules", "Never write to the prod namespace.").await;
     assert_eq!(ruled.span_class(), pb::SpanClass::Constraint);
     assert_eq!(ruled.class_rule, "prohibition:never");
     let missed = admitted_class(&mut client, "rules", "No tabs, anywhere.").await;
     assert_eq!(missed.span_class(), pb::SpanClass::Narrative, "{missed:?}");
 
-    // The model, explained.
-    create(&mut client, "plain", tuned(&[], None)).await;
+    // The model by default, explained.
+    create(&mut client, "plain", window(4_000)).await;
     let ban_noun = admitted_class(&mut client, "plain", "No tabs, anywhere.").await;
     assert_eq!(
         ban_noun.span_class(),
@@ -134,13 +143,15 @@ async fn verdicts_are_explained_and_sessions_tune_them() {
         Some(0.999_999_9)
     );
     let doubted = admitted_class(&mut client, "strict", "Never write to the prod namespace.").await;
+    // Below the pin threshold, it is doubtful: the standing-instructions
+    // tier keeps it.
     assert_eq!(
         doubted.span_class(),
-        pb::SpanClass::Narrative,
+        pb::SpanClass::Protected,
         "{doubted:?}"
     );
     assert!(
-        !doubted.class_rule.starts_with("standing"),
+        doubted.class_rule.starts_with("doubtful "),
         "{}",
         doubted.class_rule
     );
@@ -153,6 +164,7 @@ async fn verdicts_are_explained_and_sessions_tune_them() {
                 classifier_tuning: Some(pb::ClassifierTuning {
                     pin_threshold: None,
                     pin_phrases: vec!["prod namespace".into()],
+                    protected_fraction: None,
                 }),
                 ..Default::default()
             }),

@@ -22,7 +22,7 @@ async fn an_unclassified_constraint_survives_many_compactions() {
     assert_eq!(pinned.span_class(), pb::SpanClass::Constraint, "{pinned:?}");
     assert_eq!(pinned.class_source(), pb::ClassSource::Rules);
     assert!(
-        pinned.class_rule.starts_with("prohibition"),
+        pinned.class_rule.starts_with("standing") && pinned.class_rule.contains("+neg_modal"),
         "{}",
         pinned.class_rule
     );
@@ -124,4 +124,92 @@ async fn an_unclassified_constraint_survives_many_compactions() {
             assert_eq!(archived.archived_by_seq, logged.seq);
         }
     }
+}
+
+/// A doubtful instruction (here: a clear one under a pin threshold nothing
+/// reaches) is neither pinned nor narrative: it stays verbatim in the
+/// standing-instructions tier while narrative is evicted around it, and
+/// when the session gives the tier no room its eviction is named in the
+/// marker.
+#[tokio::test]
+async fn a_doubtful_instruction_outlives_narrative_and_its_eviction_is_named() {
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    let tuning = |fraction: Option<f64>| pb::ClassifierTuning {
+        pin_threshold: Some(0.999_999_9),
+        pin_phrases: Vec::new(),
+        protected_fraction: fraction,
+    };
+    let config = pb::SessionConfig {
+        classifier_tuning: Some(tuning(None)),
+        ..defaults(1500)
+    };
+    create(&mut client, "tier", config).await;
+    let doubt = "No tabs, anywhere.";
+    let first = admit(&mut client, "tier", vec![span(Role::User, doubt)])
+        .await
+        .unwrap();
+    let held = &first.spans[0];
+    assert_eq!(held.span_class(), pb::SpanClass::Protected, "{held:?}");
+    assert!(
+        held.class_rule.starts_with("doubtful "),
+        "{}",
+        held.class_rule
+    );
+    let held_id = held.span_id;
+
+    let topic = ["staging", "kustomize", "deploy.yaml", "overlay"];
+    let filler = |turn: u64| {
+        format!(
+            "Turn {turn}: the overlay build output. {}",
+            prose(turn, &topic, 70)
+        )
+    };
+    for turn in 0..30u64 {
+        admit(&mut client, "tier", vec![span(Role::Tool, &filler(turn))])
+            .await
+            .unwrap_or_else(|s| panic!("turn {turn} refused: {s:?}"));
+        let ctx = context(&mut client, "tier").await;
+        let kept = ctx.spans.iter().find(|s| s.span_id == held_id);
+        assert_eq!(
+            kept.map(|s| s.text.as_str()),
+            Some(doubt),
+            "turn {turn}: the doubtful instruction left the context"
+        );
+    }
+    let (_stream, markers) = watch_replay(&mut client, 0).await;
+    assert!(markers.len() >= 2, "{} compactions", markers.len());
+    assert!(markers.iter().all(|m| m.tier_evicted_span_ids.is_empty()));
+
+    // No room for the tier: the next compaction evicts it and says so.
+    client
+        .update_session(pb::UpdateSessionRequest {
+            session_id: "tier".into(),
+            config: Some(pb::SessionConfig {
+                classifier_tuning: Some(tuning(Some(0.0))),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("UpdateSession succeeds");
+    let before = markers.len();
+    let mut turn = 30;
+    let named = loop {
+        assert!(turn < 60, "no compaction evicted the tier");
+        admit(&mut client, "tier", vec![span(Role::Tool, &filler(turn))])
+            .await
+            .unwrap();
+        turn += 1;
+        let (_stream, markers) = watch_replay(&mut client, 0).await;
+        if let Some(m) = markers[before..]
+            .iter()
+            .find(|m| !m.tier_evicted_span_ids.is_empty())
+        {
+            break m.clone();
+        }
+    };
+    assert_eq!(named.tier_evicted_span_ids, vec![held_id], "{named:?}");
+    assert!(named.evicted_span_ids.contains(&held_id));
+    let ctx = context(&mut client, "tier").await;
+    assert!(ctx.spans.iter().all(|s| s.span_id != held_id));
 }

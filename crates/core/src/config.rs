@@ -1,6 +1,8 @@
 //! A session's configuration and the budget arithmetic derived from it.
 
-use crate::classify::{ClassifierTuning, MAX_PIN_PHRASE_BYTES, MAX_PIN_PHRASES};
+use crate::classify::{
+    ClassifierTuning, MAX_PIN_PHRASE_BYTES, MAX_PIN_PHRASES, MAX_PROTECTED_FRACTION,
+};
 use crate::relevance::RelevanceWeights;
 
 /// When a session compacts.
@@ -142,7 +144,7 @@ impl SessionConfig {
             trigger: TriggerPolicy::TokenBudget,
             staleness_interval_ms: 0,
             tokenizer: TokenizerKind::O200kBase,
-            classifier: ClassifierMode::Rules,
+            classifier: ClassifierMode::Model,
             max_summary_generations: defaults::MAX_SUMMARY_GENERATIONS,
             anchor_policy: AnchorPolicy::Require,
             mode: SessionMode::Auto,
@@ -319,6 +321,14 @@ impl SessionConfig {
                     "each phrase must be 1 to {MAX_PIN_PHRASE_BYTES} bytes of text without control characters; got {} bytes",
                     phrase.len()
                 ),
+            });
+        }
+        if let Some(f) = tuning.protected_fraction
+            && !(f.is_finite() && (0.0..=MAX_PROTECTED_FRACTION).contains(&f))
+        {
+            bad.push(ConfigViolation {
+                field: "config.classifier_tuning.protected_fraction",
+                description: format!("must be in [0, {MAX_PROTECTED_FRACTION}]; got {f}"),
             });
         }
         if bad.is_empty() { Ok(()) } else { Err(bad) }

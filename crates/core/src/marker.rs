@@ -55,6 +55,9 @@ pub struct Marker {
     pub pinned_tokens: u32,
     /// Spans moved to the archive.
     pub evicted: Vec<SpanId>,
+    /// The evicted spans that were in the standing-instructions tier
+    /// (doubtful instructions): a subset of `evicted`.
+    pub tier_evicted: Vec<SpanId>,
     /// Constraints replaced by a compressed form.
     pub compressed: Vec<SpanId>,
     /// The summary span written, if any.

@@ -7,8 +7,13 @@ use crate::span::{Span, SpanId};
 pub enum EvictionReason {
     /// Its relevance was below the session's relevance floor.
     BelowFloor,
-    /// It was among the least relevant narrative when room had to be made.
+    /// It was among the least relevant narrative when room had to be made
+    /// (or, once no narrative was left, among the oldest of the
+    /// standing-instructions tier).
     Budget,
+    /// It was among the oldest of the standing-instructions tier when the
+    /// tier held more than its share of the window.
+    TierFull,
 }
 
 /// A span a plan evicts.

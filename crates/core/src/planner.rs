@@ -170,12 +170,32 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
     // Relevance is in [0, 1], so its bits order like its value: sort plain
     // integer keys (relevance, position) rather than compare floats.
     let mut keys: Vec<(u64, u64, usize)> = (0..live.len())
-        .filter(|&i| !live[i].is_pinned())
+        .filter(|&i| !live[i].is_pinned() && !live[i].is_protected())
         .map(|i| (relevance[i].to_bits(), live[i].position, i))
         .collect();
     keys.sort_unstable();
-    let order: Vec<usize> = keys.into_iter().map(|(_, _, i)| i).collect();
-    let mandatory = order.iter().take_while(|&&i| relevance[i] < floor).count();
+    let below_floor = keys.iter().take_while(|k| relevance[k.2] < floor).count();
+    // The standing-instructions tier, oldest first: after every other
+    // candidate, except the oldest that its cap obliges to go at once.
+    let tier: Vec<usize> = (0..live.len())
+        .filter(|&i| live[i].is_protected())
+        .collect();
+    let over_cap = tier_overflow(live, &tier, protected_cap_tokens(config));
+    let mut order = Vec::with_capacity(keys.len() + tier.len());
+    order.extend(keys[..below_floor].iter().map(|k| k.2));
+    order.extend_from_slice(&tier[..over_cap]);
+    order.extend(keys[below_floor..].iter().map(|k| k.2));
+    order.extend_from_slice(&tier[over_cap..]);
+    let mandatory = below_floor + over_cap;
+    let reason_at = |k: usize| {
+        if k < below_floor {
+            EvictionReason::BelowFloor
+        } else if k < mandatory {
+            EvictionReason::TierFull
+        } else {
+            EvictionReason::Budget
+        }
+    };
 
     let reserve = |evicted: u64| {
         if evicted == 0 {
@@ -223,8 +243,12 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
         },
     };
 
-    let mut chosen: Vec<usize> = order[..count].to_vec();
-    chosen.sort_unstable_by_key(|&i| live[i].position);
+    let mut chosen: Vec<(usize, EvictionReason)> = order[..count]
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (i, reason_at(k)))
+        .collect();
+    chosen.sort_unstable_by_key(|&(i, _)| live[i].position);
     let evicted_tokens = prefix[count];
     let mut kept = before - evicted_tokens;
 
@@ -245,14 +269,10 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
 
     let evictions: Vec<Eviction> = chosen
         .iter()
-        .map(|&i| Eviction {
+        .map(|&(i, reason)| Eviction {
             span_id: live[i].id,
             relevance: relevance[i],
-            reason: if relevance[i] < floor {
-                EvictionReason::BelowFloor
-            } else {
-                EvictionReason::Budget
-            },
+            reason,
             tokens: live[i].tokens,
         })
         .collect();
@@ -267,7 +287,7 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
             .saturating_sub(kept.saturating_add(incoming))
             .min(cap);
         let prose = goal.saturating_sub(kept.saturating_add(incoming)).min(room);
-        let evicted: Vec<&Span> = chosen.iter().map(|&i| &live[i]).collect();
+        let evicted: Vec<&Span> = chosen.iter().map(|&(i, _)| &live[i]).collect();
         let written = write_summary(
             &evicted,
             SummaryRoom {
@@ -298,6 +318,25 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
         anchors_carried,
         anchors_dropped,
     }
+}
+
+/// The most tokens the session's standing-instructions tier may hold: its
+/// share of the window.
+pub fn protected_cap_tokens(config: &SessionConfig) -> u64 {
+    let fraction = config.classifier_tuning.effective_protected_fraction();
+    (f64::from(config.window_tokens) * fraction).floor() as u64
+}
+
+/// How many of the tier's oldest spans must go for the rest to fit under
+/// `cap` tokens.
+fn tier_overflow(live: &[Span], tier: &[usize], cap: u64) -> usize {
+    let mut held: u64 = tier.iter().map(|&i| u64::from(live[i].tokens)).sum();
+    let mut k = 0;
+    while held > cap && k < tier.len() {
+        held -= u64::from(live[tier[k]].tokens);
+        k += 1;
+    }
+    k
 }
 
 /// The tokens of the anchors a live span obliges the summary that replaces
@@ -551,6 +590,115 @@ mod tests {
         assert_eq!(post[0].id, 1);
         assert_eq!(post[0].text, live[0].text);
         assert!(plan.tokens_after + plan.incoming_tokens <= u64::from(config.budget_tokens()));
+    }
+
+    fn protected(id: u64, turn: u64, text: &str) -> Span {
+        let mut s = span(id, turn, Role::User, text);
+        s.classification.class = SpanClass::Protected;
+        s.predicate = None;
+        s
+    }
+
+    /// A session of `doubtful` tier spans (ids 1..) followed by narrative
+    /// filler, planned for an incoming turn of `incoming` tokens.
+    fn tier_session(doubtful: u64, fillers: u64) -> Vec<Span> {
+        let mut live: Vec<Span> = (1..=doubtful)
+            .map(|id| protected(id, id, &format!("tabs {id} nowhere in the repo, thanks")))
+            .collect();
+        live.extend((doubtful + 1..=doubtful + fillers).map(|id| filler(id, id, 200)));
+        live
+    }
+
+    fn plan_for(live: &[Span], config: &SessionConfig, incoming: u64) -> Plan {
+        let input = PlanInput {
+            config,
+            live,
+            incoming_tokens: incoming,
+            query: "tabs nowhere",
+            turn: 100,
+            next_span_id: 1_000,
+            now_ms: 7,
+            target_tokens: None,
+        };
+        plan(&input, &ByteLength)
+    }
+
+    /// The tier outlives every narrative span, even the most relevant: the
+    /// query names the doubtful spans' words, and they still go last.
+    #[test]
+    fn the_tier_is_evicted_only_after_all_narrative() {
+        let live = tier_session(3, 20);
+        let mut config = SessionConfig::with_window(6_000);
+        config.relevance_floor = 0.0;
+        let plan = plan_for(&live, &config, 2_000);
+        let evicted: Vec<u64> = plan.evicted.iter().map(|e| e.span_id).collect();
+        assert!(!evicted.is_empty());
+        assert!(evicted.iter().all(|&id| id > 3), "{evicted:?}");
+
+        // A turn so large that all narrative is not enough: the tier's
+        // oldest go next, for the budget, before any constraint would be
+        // compressed.
+        let everything: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+        let incoming = u64::from(config.budget_tokens()) - 40;
+        assert!(incoming < everything);
+        let plan = plan_for(&live, &config, incoming);
+        let tier: Vec<&Eviction> = plan.evicted.iter().filter(|e| e.span_id <= 3).collect();
+        assert!(!tier.is_empty(), "{:?}", plan.evicted);
+        assert!(tier.iter().all(|e| e.reason == EvictionReason::Budget));
+        assert_eq!(
+            plan.evicted.len() - tier.len(),
+            20,
+            "all narrative went first"
+        );
+        assert_eq!(tier[0].span_id, 1, "oldest first");
+    }
+
+    /// A tier past its share of the window loses its oldest spans first,
+    /// while narrative stays when the budget does not need it.
+    #[test]
+    fn a_full_tier_evicts_its_oldest_first() {
+        let live = tier_session(10, 4);
+        let tier_tokens: u64 = live[..10].iter().map(|s| u64::from(s.tokens)).sum();
+        let mut config = SessionConfig::with_window(6_000);
+        config.relevance_floor = 0.0;
+        // A share that holds a little more than half of the tier.
+        let share = (tier_tokens / 2 + 5) as f64 / 6_000.0;
+        config.classifier_tuning.protected_fraction = Some(share);
+        let cap = protected_cap_tokens(&config);
+        let plan = plan_for(&live, &config, 10);
+        let full: Vec<u64> = plan
+            .evicted
+            .iter()
+            .filter(|e| e.reason == EvictionReason::TierFull)
+            .map(|e| e.span_id)
+            .collect();
+        assert!(!full.is_empty() && full.len() < 10, "{:?}", plan.evicted);
+        assert_eq!(
+            full,
+            (1..=full.len() as u64).collect::<Vec<_>>(),
+            "oldest first"
+        );
+        let held: u64 = live[full.len()..10]
+            .iter()
+            .map(|s| u64::from(s.tokens))
+            .sum();
+        assert!(held <= cap, "{held} > {cap}");
+        let one_fewer: u64 = held + u64::from(live[full.len() - 1].tokens);
+        assert!(one_fewer > cap, "no more than needed was evicted");
+        assert!(
+            plan.evicted.iter().all(|e| e.span_id <= 10),
+            "narrative was not needed"
+        );
+
+        // Share 0: the tier holds nothing past the next compaction.
+        config.classifier_tuning.protected_fraction = Some(0.0);
+        let plan = plan_for(&live, &config, 10);
+        let full = plan
+            .evicted
+            .iter()
+            .filter(|e| e.reason == EvictionReason::TierFull)
+            .count();
+        assert_eq!(full, 10);
     }
 
     #[test]

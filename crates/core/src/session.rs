@@ -119,8 +119,8 @@ impl Incoming {
     /// Decides the class of an unlabelled user or system span under the
     /// session's classifier mode and tuning, deriving a predicate when it
     /// becomes a constraint; other spans are unchanged. (The broker
-    /// classified it by the rules, the default mode, before the session's
-    /// turn was taken; only a session in MODEL mode pays for the model.)
+    /// classified it by the modal rules before the session's turn was
+    /// taken; a session in MODEL mode, the default, scores it here.)
     fn settle(mut self, config: &SessionConfig) -> Incoming {
         if !self.unclassified || !matches!(self.role, Role::User | Role::System) {
             return self;
@@ -1003,6 +1003,7 @@ impl Session {
             budget_tokens: config.budget_tokens(),
             pinned_tokens: 0,
             evicted: Vec::new(),
+            tier_evicted: Vec::new(),
             compressed: Vec::new(),
             summary_span_id: None,
             summary_generation: 0,
@@ -1016,6 +1017,25 @@ impl Session {
             actor: actor.to_owned(),
             detail: String::new(),
         }
+    }
+
+    /// The spans of the standing-instructions tier that `plan` evicts, in
+    /// prompt order.
+    fn tier_evicted(&self, plan: &Plan) -> Vec<SpanId> {
+        let tier: FastSet<SpanId> = self
+            .spans
+            .iter()
+            .filter(|s| s.is_protected())
+            .map(|s| s.id)
+            .collect();
+        if tier.is_empty() {
+            return Vec::new();
+        }
+        plan.evicted
+            .iter()
+            .map(|e| e.span_id)
+            .filter(|id| tier.contains(id))
+            .collect()
     }
 
     /// A change that rewrites live spans in place (or nothing, for an
@@ -1307,6 +1327,7 @@ impl Session {
             incoming_tokens: t32(plan.incoming_tokens),
             pinned_tokens: t32(compacted.pinned_tokens),
             evicted: plan.evicted.iter().map(|e| e.span_id).collect(),
+            tier_evicted: self.tier_evicted(plan),
             compressed: plan.compressed.iter().map(|f| f.span_id).collect(),
             summary_span_id: summary.as_ref().map(|s| s.id),
             summary_generation: summary.as_ref().map_or(0, |s| s.generation),

@@ -26,6 +26,12 @@ pub enum SpanClass {
     Constraint,
     /// Written by compaction in place of evicted narrative.
     Summary,
+    /// A user turn that reads like a standing instruction but is not sure
+    /// enough to pin: kept verbatim in the session's bounded
+    /// standing-instructions tier, evicted only after all narrative and
+    /// summaries (oldest first), or when the tier outgrows its share of
+    /// the window.
+    Protected,
 }
 
 /// Who decided a span's class.
@@ -152,5 +158,10 @@ impl Span {
     /// Whether the span is a pinned constraint.
     pub fn is_pinned(&self) -> bool {
         self.classification.class == SpanClass::Constraint
+    }
+
+    /// Whether the span is in the standing-instructions tier.
+    pub fn is_protected(&self) -> bool {
+        self.classification.class == SpanClass::Protected
     }
 }

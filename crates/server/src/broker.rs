@@ -928,12 +928,17 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                 _ => counter.count(&input.text),
             };
             let unclassified = input.span_class() == pb::SpanClass::Unspecified;
-            // Classified by the rules (the default mode) here, outside the
-            // session's turn; a session's own mode and tuning decide at
-            // admission.
+            // Classified by the modal rules here, outside the session's
+            // turn; a session's own mode (MODEL unless it says otherwise)
+            // and tuning decide at admission.
             let classification = match input.span_class() {
                 pb::SpanClass::Constraint => Classification {
                     class: SpanClass::Constraint,
+                    source: ClassSource::Caller,
+                    rule: String::new(),
+                },
+                pb::SpanClass::Protected => Classification {
+                    class: SpanClass::Protected,
                     source: ClassSource::Caller,
                     rule: String::new(),
                 },

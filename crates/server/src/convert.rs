@@ -55,6 +55,7 @@ pub fn class_to_pb(class: SpanClass) -> pb::SpanClass {
         SpanClass::Narrative => pb::SpanClass::Narrative,
         SpanClass::Constraint => pb::SpanClass::Constraint,
         SpanClass::Summary => pb::SpanClass::Summary,
+        SpanClass::Protected => pb::SpanClass::Protected,
     }
 }
 
@@ -191,6 +192,7 @@ pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
         window_tokens: marker.window_tokens,
         budget_tokens: marker.budget_tokens,
         evicted_span_ids: marker.evicted.clone(),
+        tier_evicted_span_ids: marker.tier_evicted.clone(),
         compressed_span_ids: marker.compressed.clone(),
         summary_span_id: marker.summary_span_id,
         summary_generation: marker.summary_generation,
@@ -293,6 +295,7 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
                     .unwrap_or(ctxbroker_core::classify::model::builtin().pin_threshold),
             ),
             pin_phrases: c.classifier_tuning.pin_phrases.clone(),
+            protected_fraction: Some(c.classifier_tuning.effective_protected_fraction()),
         }),
     }
 }
@@ -350,6 +353,7 @@ pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64) -> pb::CompactionPlan {
                 reason: match e.reason {
                     EvictionReason::BelowFloor => pb::EvictionReason::BelowFloor,
                     EvictionReason::Budget => pb::EvictionReason::Budget,
+                    EvictionReason::TierFull => pb::EvictionReason::TierFull,
                 } as i32,
                 tokens: e.tokens,
             })

@@ -191,6 +191,7 @@ fn merge(
         c.classifier_tuning = ClassifierTuning {
             pin_threshold: t.pin_threshold,
             pin_phrases: t.pin_phrases.clone(),
+            protected_fraction: t.protected_fraction,
         };
     }
 

@@ -139,7 +139,10 @@ proptest! {
             ));
             prop_assert!(matches!(
                 pb::SpanClass::try_from(s.span_class),
-                Ok(pb::SpanClass::Unspecified | pb::SpanClass::Narrative | pb::SpanClass::Constraint)
+                Ok(pb::SpanClass::Unspecified
+                    | pb::SpanClass::Narrative
+                    | pb::SpanClass::Constraint
+                    | pb::SpanClass::Protected)
             ));
             prop_assert!(!s.text.is_empty() && s.text.len() <= limits.max_span_bytes);
             if let Some(h) = s.relevance_hint {

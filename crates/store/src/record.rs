@@ -130,7 +130,7 @@ codes!(Role, role_code, role_from, "role", {
     User = 1, Assistant = 2, Tool = 3, System = 4,
 });
 codes!(SpanClass, class_code, class_from, "span class", {
-    Narrative = 1, Constraint = 2, Summary = 3,
+    Narrative = 1, Constraint = 2, Summary = 3, Protected = 4,
 });
 codes!(ClassSource, class_source_code, class_source_from, "class source", {
     Caller = 1, Rules = 2, Broker = 3,
@@ -271,6 +271,10 @@ pub(crate) struct TuningRow {
     pin_threshold: Option<f64>,
     #[prost(string, repeated, tag = "2")]
     pin_phrases: Vec<String>,
+    /// Absent in records written before the standing-instructions tier:
+    /// the default share then applies.
+    #[prost(double, optional, tag = "3")]
+    protected_fraction: Option<f64>,
 }
 
 /// A session's relevance weights.
@@ -456,6 +460,9 @@ pub(crate) struct MarkerRow {
     actor: String,
     #[prost(string, tag = "24")]
     detail: String,
+    /// Empty in markers written before the standing-instructions tier.
+    #[prost(uint64, repeated, tag = "25")]
+    tier_evicted: Vec<u64>,
 }
 
 /// A verification violation inside an aborted marker.
@@ -535,6 +542,7 @@ fn config_row(c: &SessionConfig) -> ConfigRow {
         classifier_tuning: Some(TuningRow {
             pin_threshold: c.classifier_tuning.pin_threshold,
             pin_phrases: c.classifier_tuning.pin_phrases.clone(),
+            protected_fraction: c.classifier_tuning.protected_fraction,
         }),
     }
 }
@@ -571,6 +579,7 @@ fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
             .map(|t| ClassifierTuning {
                 pin_threshold: t.pin_threshold,
                 pin_phrases: t.pin_phrases,
+                protected_fraction: t.protected_fraction,
             })
             .unwrap_or_default(),
     })
@@ -741,6 +750,7 @@ fn marker_row(m: &Marker) -> MarkerRow {
         session_revision: m.session_revision,
         actor: m.actor.clone(),
         detail: m.detail.clone(),
+        tier_evicted: m.tier_evicted.clone(),
     }
 }
 
@@ -774,6 +784,7 @@ fn marker_from(row: MarkerRow) -> Result<Marker, String> {
         session_revision: row.session_revision,
         actor: row.actor,
         detail: row.detail,
+        tier_evicted: row.tier_evicted,
     })
 }
 
@@ -1020,7 +1031,7 @@ mod tests {
             id in any::<u64>(),
             position in any::<u64>(),
             role in 0usize..4,
-            class in 0usize..3,
+            class in 0usize..4,
             source in 0usize..3,
             rule in text(),
             body in text(),
@@ -1038,7 +1049,12 @@ mod tests {
                 position,
                 role: [Role::User, Role::Assistant, Role::Tool, Role::System][role],
                 classification: Classification {
-                    class: [SpanClass::Narrative, SpanClass::Constraint, SpanClass::Summary][class],
+                    class: [
+                        SpanClass::Narrative,
+                        SpanClass::Constraint,
+                        SpanClass::Summary,
+                        SpanClass::Protected,
+                    ][class],
                     source: [ClassSource::Caller, ClassSource::Rules, ClassSource::Broker][source],
                     rule,
                 },
@@ -1097,6 +1113,7 @@ mod tests {
             anchor_budget_tokens in any::<u32>(),
             pin_threshold in option::of(finite()),
             pin_phrases in vec("[a-z ]{1,12}", 0..3),
+            protected_fraction in option::of(finite()),
         ) -> SessionConfig {
             SessionConfig {
                 window_tokens,
@@ -1124,6 +1141,7 @@ mod tests {
                 classifier_tuning: ctxbroker_core::classify::ClassifierTuning {
                     pin_threshold,
                     pin_phrases,
+                    protected_fraction,
                 },
             }
         }
@@ -1201,6 +1219,7 @@ mod tests {
             outcome in 0usize..2,
             t in vec(any::<u32>(), 11),
             evicted in vec(any::<u64>(), 0..6),
+            tier_evicted in vec(any::<u64>(), 0..3),
             compressed in vec(any::<u64>(), 0..3),
             summary_span_id in option::of(any::<u64>()),
             violations in vec(violation(), 0..3),
@@ -1228,6 +1247,7 @@ mod tests {
                 budget_tokens: t[4],
                 pinned_tokens: t[5],
                 evicted,
+                tier_evicted,
                 compressed,
                 summary_span_id,
                 summary_generation: t[6],

@@ -66,6 +66,7 @@ fn marker(session: &str, session_seq: u64) -> Marker {
         budget_tokens: 8_500,
         pinned_tokens: 0,
         evicted: vec![1],
+        tier_evicted: vec![],
         compressed: vec![],
         summary_span_id: None,
         summary_generation: 0,

@@ -97,10 +97,18 @@ pub enum Feature {
     PoliteQuestion,
     /// An imperative that forbids: "don't …", "never …", "do not …".
     NegativeImperative,
+    /// Opens with a verb of one piece of work ("implement …", "fix …",
+    /// "can you draft …"): the mark of a task, unless scope or a modal
+    /// says it holds beyond it.
+    TaskVerb,
+    /// Follows a line that presents what comes next as something shown
+    /// ("this is what I get:", "the linter says", "here's the log"), or is
+    /// a quoted line (`> …`): pasted, not said.
+    Shown,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::NegativeImperative as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::Shown as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -141,6 +149,8 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::LeadingDirective,
     Feature::PoliteQuestion,
     Feature::NegativeImperative,
+    Feature::TaskVerb,
+    Feature::Shown,
 ];
 
 impl Feature {
@@ -184,6 +194,8 @@ impl Feature {
             Feature::LeadingDirective => "leading_directive",
             Feature::PoliteQuestion => "polite*question",
             Feature::NegativeImperative => "negative_imperative",
+            Feature::TaskVerb => "task_verb",
+            Feature::Shown => "shown",
         }
     }
 }
@@ -245,10 +257,17 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
     let output_like = output_like(text);
     let ack = total_words <= 8 && total_words > 0 && cuts.iter().all(|c| is_ack(&c.words));
     let many = cuts.len() > 1;
+    let mut shown = false;
     cuts.into_iter()
         .filter(|c| c.words.iter().any(|w| w != CODE))
         .map(|c| {
             let mut f = describe(&c);
+            let rest = &text[c.end..];
+            let line_end = rest.find('\n').is_some_and(|n| rest[..n].trim().len() <= 1);
+            if shown || quoted_line(text, c.start) {
+                f.set(Feature::Shown);
+            }
+            shown = shown || (line_end && presents(&c.words, rest.trim_start().starts_with(':')));
             if system_role {
                 f.set(Feature::SystemRole);
             }
@@ -550,7 +569,32 @@ fn describe(c: &Cut) -> Features {
     if found.has(Set::Polite) && (c.question_mark || opens_question) {
         f.set(Feature::PoliteQuestion);
     }
+    // "can you write …", "could you please add …": the verb after the
+    // request's frame.
+    let verb = match (first, second) {
+        ("can" | "could" | "would" | "will", "you") => w[start + 2..]
+            .iter()
+            .map(String::as_str)
+            .find(|x| !LEAD_FILLERS.contains(x))
+            .unwrap_or(""),
+        _ => first,
+    };
+    if TASK_VERBS.binary_search(&verb).is_ok() {
+        f.set(Feature::TaskVerb);
+    }
     f
+}
+
+/// Whether a line introduces what follows as something shown rather than
+/// said: a word of showing, and a colon or a short line.
+fn presents(words: &[String], colon: bool) -> bool {
+    (colon || words.len() <= 8) && words.iter().any(|w| SHOWING_WORDS.contains(&w.as_str()))
+}
+
+/// Whether the line holding byte `at` starts with `>` (a quotation).
+fn quoted_line(text: &str, at: usize) -> bool {
+    let line_start = text[..at].rfind('\n').map_or(0, |n| n + 1);
+    text[line_start..].trim_start().starts_with('>')
 }
 
 /// Whether most of a text is output rather than prose: code fences, or
@@ -613,6 +657,7 @@ mod tests {
     #[test]
     fn the_verb_lexicon_is_sorted_for_binary_search() {
         assert!(IMPERATIVE_VERBS.windows(2).all(|p| p[0] < p[1]));
+        assert!(TASK_VERBS.windows(2).all(|p| p[0] < p[1]));
     }
 
     #[test]

@@ -5,12 +5,24 @@
 //! the agent). User and system turns are classified, per session, by one
 //! of two deciders:
 //!
-//! - **the modal phrase rules** ([`classify`], mode `RULES`, the default):
-//!   a constraint when a prohibition, restriction, requirement or
-//!   correction phrase fires ([`modal`]);
-//! - **the scored model** ([`classify_with`], mode `MODEL`): a small linear
-//!   model over linguistic features ([`features`]), learned from the
-//!   labelled spans in `data/classify` ([`train`]).
+//! - **the scored model** ([`classify_with`], mode `MODEL`, the default):
+//!   a small linear model over linguistic features ([`features`]), learned
+//!   from the training split of the labelled spans in `data/classify`
+//!   ([`train`]) and measured on their held-out split;
+//! - **the modal phrase rules** ([`classify`], mode `RULES`): a constraint
+//!   when a prohibition, restriction, requirement or correction phrase
+//!   fires ([`modal`]).
+//!
+//! The model's verdict has three values. At or above the pin threshold a
+//! span is a standing instruction and pinned. Between the doubt and pin
+//! thresholds it is doubtful: it goes to the session's
+//! standing-instructions tier ([`SpanClass::Protected`]), kept verbatim and
+//! evicted only after all narrative, within a bounded share of the window
+//! ([`ClassifierTuning::protected_fraction`]). Below, it is narrative. The
+//! pin threshold keeps 97 % of the training split's instructions pinned
+//! when each is scored by a model fitted without it; the doubt threshold
+//! keeps 99.5 % pinned or doubtful, but never admits a sentence with no
+//! evidence at all.
 //!
 //! A session's own phrases ([`ClassifierTuning`]) pin under either.
 //!
@@ -31,9 +43,13 @@
 //!
 //! Transient holds ("don't change anything yet", "wait until I've looked")
 //! and step-local instructions ("make sure this test passes") are not
-//! pinned: the time limit or the pointer at the current step is part of
-//! what the model reads, and such a span stays narrative, evicted by
-//! relevance like the rest of the step it belongs to.
+//! pinned: the time limit, the pointer at the current step or the verb of
+//! one task is part of what the model reads, and such a span stays
+//! narrative (or, when in doubt, in the bounded tier), evicted like the
+//! rest of the step it belongs to. Nothing pinned is ever unpinned by the
+//! broker on its own, so there is no expiry to report: a hold that was
+//! pinned by mistake is unpinned by the caller (Unpin), which the marker
+//! records.
 //!
 //! The modal phrase rules ([`modal`]) still name a constraint's modality
 //! for its predicate and check that a compressed form keeps it.
@@ -54,6 +70,11 @@ use crate::span::{ClassSource, Classification, Role, SpanClass};
 pub const MAX_PIN_PHRASES: usize = 32;
 /// The longest phrase a session may add, in bytes.
 pub const MAX_PIN_PHRASE_BYTES: usize = 128;
+/// The share of the window the standing-instructions tier may take unless
+/// the session says otherwise.
+pub const DEFAULT_PROTECTED_FRACTION: f64 = 0.05;
+/// The largest share of the window a session may give that tier.
+pub const MAX_PROTECTED_FRACTION: f64 = 0.5;
 
 /// How one session adjusts the classifier.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -65,6 +86,19 @@ pub struct ClassifierTuning {
     /// (matched case-insensitively on whole words in user and system
     /// turns), for wordings the model does not know.
     pub pin_phrases: Vec<String>,
+    /// The share of the window, in [0, 0.5], that doubtful instructions
+    /// may take in the standing-instructions tier; `None` keeps
+    /// [`DEFAULT_PROTECTED_FRACTION`], 0 turns the tier off (doubtful spans
+    /// are then narrative).
+    pub protected_fraction: Option<f64>,
+}
+
+impl ClassifierTuning {
+    /// The share of the window the standing-instructions tier may take.
+    pub fn effective_protected_fraction(&self) -> f64 {
+        self.protected_fraction
+            .unwrap_or(DEFAULT_PROTECTED_FRACTION)
+    }
 }
 
 /// The verdict of the model on one user or system span.
@@ -102,7 +136,7 @@ pub struct Assessment {
 }
 
 /// Decides the class of a span whose caller gave none by the modal phrase
-/// rules (the `RULES` classifier mode, the default): a user or system span
+/// rules (the `RULES` classifier mode): a user or system span
 /// is a constraint when a modal phrase fires ("prohibition:never");
 /// tool and assistant output is narrative.
 pub fn classify(role: Role, text: &str) -> Classification {
@@ -120,11 +154,11 @@ pub fn classify(role: Role, text: &str) -> Classification {
 }
 
 /// Decides the class of a span whose caller gave none by the scored model
-/// (the `MODEL` classifier mode), under a session's tuning.
+/// (the `MODEL` classifier mode, the default), under a session's tuning.
 pub fn classify_with(role: Role, text: &str, tuning: &ClassifierTuning) -> Classification {
     match role {
         Role::Tool | Role::Assistant => classify(role, text),
-        Role::User | Role::System => classification(&assess(role, text, tuning)),
+        Role::User | Role::System => classification(&assess(role, text, tuning), tuning),
     }
 }
 
@@ -176,10 +210,13 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
     }
 }
 
-/// The classification of an assessed user or system span.
-pub fn classification(assessment: &Assessment) -> Classification {
+/// The classification of an assessed user or system span: a doubtful one
+/// goes to the standing-instructions tier unless the session turned the
+/// tier off.
+pub fn classification(assessment: &Assessment, tuning: &ClassifierTuning) -> Classification {
     let class = match assessment.verdict {
         Verdict::Standing => SpanClass::Constraint,
+        Verdict::Doubtful if tuning.effective_protected_fraction() > 0.0 => SpanClass::Protected,
         Verdict::Doubtful | Verdict::Narrative => SpanClass::Narrative,
     };
     by_rules(class, assessment.explanation.clone())
@@ -258,6 +295,7 @@ mod tests {
         let tuning = ClassifierTuning {
             pin_threshold: None,
             pin_phrases: vec!["house rule".into()],
+            protected_fraction: None,
         };
         let c = by_phrase("House rule: tickets get a PR link.", &tuning);
         assert_eq!(c.map(|c| c.rule).as_deref(), Some("phrase:\"house rule\""));
@@ -269,6 +307,7 @@ mod tests {
         let tuning = ClassifierTuning {
             pin_threshold: None,
             pin_phrases: vec!["house rule".into()],
+            protected_fraction: None,
         };
         let c = classify_with(Role::User, "House rule: tickets get a PR link.", &tuning);
         assert_eq!(c.class, SpanClass::Constraint);
@@ -287,17 +326,31 @@ mod tests {
         let low = ClassifierTuning {
             pin_threshold: Some(0.000_001),
             pin_phrases: Vec::new(),
+            protected_fraction: None,
         };
         assert_eq!(
             classify_with(Role::User, text, &low).class,
             SpanClass::Constraint
         );
-        let high = ClassifierTuning {
+        // Above the threshold nothing reaches, a clear instruction is
+        // doubtful: in the standing-instructions tier, or narrative when
+        // the session gives the tier no room.
+        let mut high = ClassifierTuning {
             pin_threshold: Some(0.999_999),
             pin_phrases: Vec::new(),
+            protected_fraction: None,
         };
+        let doubted = classify_with(Role::User, "Never push to main.", &high);
+        assert_eq!(doubted.class, SpanClass::Protected);
+        assert!(doubted.rule.starts_with("doubtful "), "{}", doubted.rule);
+        high.protected_fraction = Some(0.0);
         assert_eq!(
             classify_with(Role::User, "Never push to main.", &high).class,
+            SpanClass::Narrative
+        );
+        // Evidence-free text is narrative, not doubtful.
+        assert_eq!(
+            classify_with(Role::User, "ok", &ClassifierTuning::default()).class,
             SpanClass::Narrative
         );
     }

@@ -12,10 +12,13 @@
 //!
 //! The thresholds come from out-of-fold scores (five folds, by position),
 //! so they are set by how the model scores spans it was not fitted on:
-//! the pin threshold maximises the F-score with recall weighted above
-//! precision (a missed instruction costs more than a false pin), the
-//! doubt threshold is the highest that keeps out-of-fold recall at its
-//! target.
+//! the pin threshold is the highest that keeps out-of-fold recall at its
+//! target (a missed instruction is the costly error; a false pin costs a
+//! short span's tokens), the doubt threshold the highest that keeps the
+//! recall of pinned and doubtful spans together at a higher target, but
+//! never at or below the score of a sentence with no evidence at all (the
+//! doubtful ones are kept in the standing-instructions tier, which must
+//! not fill with every acknowledgement).
 
 use super::features::{FEATURE_COUNT, Segment, segments};
 use super::model::{Model, sigmoid};
@@ -44,9 +47,8 @@ pub struct TrainOptions {
     /// Weight of a positive example's loss relative to a negative's: a
     /// missed constraint costs more than a false pin.
     pub positive_weight: f64,
-    /// β of the F-score the pin threshold maximises on out-of-fold
-    /// scores: recall weighs β² times precision.
-    pub pin_beta: f64,
+    /// Out-of-fold recall the pin threshold must keep.
+    pub pin_recall: f64,
     /// Out-of-fold recall the doubt threshold must keep.
     pub doubt_recall: f64,
     /// Folds for the out-of-fold scores.
@@ -67,7 +69,7 @@ impl Default for TrainOptions {
             learning_rate: 0.5,
             l2: 0.002,
             positive_weight: 2.0,
-            pin_beta: 2.0,
+            pin_recall: 0.97,
             doubt_recall: 0.995,
             folds: 5,
             prior_logit: -2.5,
@@ -126,17 +128,16 @@ pub fn train(examples: &[Example], options: &TrainOptions) -> Model {
     }
 }
 
-/// The pin threshold (best F_β) and the doubt threshold (the recall
-/// target) on out-of-fold scores, each rounded down to 1/1000.
+/// The pin and doubt thresholds (the highest keeping each recall target)
+/// on out-of-fold scores, each rounded down to 1/1000; the doubt
+/// threshold stays above the score of a sentence with no evidence.
 fn thresholds(scores: &mut [(f64, bool)], options: &TrainOptions) -> (f64, f64) {
     let positives = scores.iter().filter(|s| s.1).count();
     if positives == 0 {
         return (0.5, 0.5);
     }
     scores.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let beta2 = options.pin_beta * options.pin_beta;
-    let (mut best, mut best_f) = (scores[0].0, -1.0);
-    let mut doubt = None;
+    let (mut pin, mut doubt) = (None, None);
     let mut true_pins = 0usize;
     for (k, (score, positive)) in scores.iter().enumerate() {
         true_pins += usize::from(*positive);
@@ -145,19 +146,20 @@ fn thresholds(scores: &mut [(f64, bool)], options: &TrainOptions) -> (f64, f64) 
             continue;
         }
         let recall = true_pins as f64 / positives as f64;
-        let precision = true_pins as f64 / (k + 1) as f64;
-        let f = (1.0 + beta2) * precision * recall
-            / (beta2 * precision + recall).max(f64::MIN_POSITIVE);
-        if f > best_f {
-            (best, best_f) = (*score, f);
+        if pin.is_none() && recall >= options.pin_recall {
+            pin = Some(*score);
         }
         if doubt.is_none() && recall >= options.doubt_recall {
             doubt = Some(*score);
         }
     }
     let round = |t: f64| ((t * 1000.0).floor() / 1000.0).clamp(0.001, 0.999);
-    let pin = round(best);
-    (pin, round(doubt.unwrap_or(best)).min(pin))
+    let lowest = scores.last().map_or(0.5, |s| s.0);
+    let pin = round(pin.unwrap_or(lowest));
+    // One thousandth above the evidence-free score, rounded up.
+    let no_evidence = (sigmoid(options.prior_logit) * 1000.0).floor() / 1000.0 + 0.001;
+    let doubt = round(doubt.unwrap_or(pin)).max(no_evidence).min(pin);
+    (pin, doubt)
 }
 
 fn span_score(model: &Model, segments: &[Segment]) -> f64 {

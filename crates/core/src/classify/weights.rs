@@ -8,44 +8,46 @@ use super::model::Model;
 pub(super) static MODEL: Model = Model {
     bias: -2.5,
     weights: [
-        1.4112848079757128,   // neg_modal
-        1.271792923403513,    // req_modal
-        2.2301374191720065,   // restrict
-        1.2067298204134245,   // imperative
-        4.354769570099831,    // noun_ban
-        2.299376626432252,    // label_colon
-        2.5282806653300907,   // format_vocab
-        4.004908206760577,    // scope
-        1.5426777172716841,   // preference
-        2.4103688258622613,   // polite
-        2.7630718502269134,   // conditional
-        1.7016449391781827,   // correction
-        0.16906378976171166,  // second_person_rule
-        -0.6203045042120571,  // passive_rule
-        -0.5208095247097535,  // question
-        -0.9178917652609215,  // question_opening
-        -1.2123712140219547,  // temporal
-        -0.8203398174541278,  // step_local
-        -1.0150040867743262,  // report
-        -1.4365810197013837,  // statement
-        -0.35467676979651425, // epistemic
-        0.12212995910986901,  // past
-        -0.8365521490853949,  // acknowledgement
-        -0.4215950402727701,  // output_like
-        0.777554736348884,    // system_role
-        0.17530987091654068,  // deictic
-        3.876418462736255,    // foreign_directive
-        0.6696072262257778,   // foreign_scope
-        0.813892085764126,    // foreign_polite
-        -1.9336128254741802,  // imperative*scope
-        -1.4275839272542505,  // directive*temporal
-        -2.1720488240844604,  // directive*question
-        -1.0150040867743262,  // directive*report
-        0.8587171183946891,   // label*format
-        0.7043094668670213,   // leading_directive
-        1.3017398999143506,   // polite*question
-        0.9575788685777694,   // negative_imperative
+        1.7882002145978355,      // neg_modal
+        1.0575193627700945,      // req_modal
+        2.403868316759964,       // restrict
+        1.5330288787238895,      // imperative
+        4.162447760416633,       // noun_ban
+        1.8902059881041324,      // label_colon
+        2.766214135817616,       // format_vocab
+        4.000887946873027,       // scope
+        1.4435335887210978,      // preference
+        2.4354713390066967,      // polite
+        2.5487337764129205,      // conditional
+        1.8930189487318119,      // correction
+        0.034104025193411346,    // second_person_rule
+        -0.5542801804247905,     // passive_rule
+        -0.8773079679337924,     // question
+        -0.7167498598199381,     // question_opening
+        -1.2738304623297088,     // temporal
+        -0.7849068153593537,     // step_local
+        -1.2702938542728843,     // report
+        -1.2443325096587836,     // statement
+        -0.8112086066052155,     // epistemic
+        -0.18607478470661137,    // past
+        -0.697026257353992,      // acknowledgement
+        -1.1261761577777312,     // output_like
+        0.6750136042207066,      // system_role
+        -0.00016791321324889592, // deictic
+        3.8435942897882964,      // foreign_directive
+        0.6053812774354308,      // foreign_scope
+        0.8657964489379218,      // foreign_polite
+        -0.46113998397596223,    // imperative*scope
+        -1.5021590228897879,     // directive*temporal
+        -2.241322184873606,      // directive*question
+        -0.9709633460182221,     // directive*report
+        0.660844985595894,       // label*format
+        0.7624367295077107,      // leading_directive
+        1.0495619662221507,      // polite*question
+        0.22484828454214859,     // negative_imperative
+        -1.4703307104069119,     // task_verb
+        -2.0070930473727557,     // shown
     ],
-    pin_threshold: 0.178,
-    doubt_threshold: 0.053,
+    pin_threshold: 0.138,
+    doubt_threshold: 0.076,
 };

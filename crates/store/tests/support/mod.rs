@@ -69,6 +69,7 @@ pub fn marker(session: &str, session_seq: u64, outcome: Outcome) -> Marker {
         budget_tokens: 850,
         pinned_tokens: 20,
         evicted: vec![],
+        tier_evicted: vec![],
         compressed: vec![],
         summary_span_id: None,
         summary_generation: 0,
