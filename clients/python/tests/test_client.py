@@ -62,7 +62,7 @@ def test_admission_counts_classifies_and_orders_the_context(broker: Broker) -> N
     assert constraint.span_id == 1
     assert constraint.span_class == pb.SPAN_CLASS_CONSTRAINT
     assert constraint.class_source == pb.CLASS_SOURCE_RULES
-    assert constraint.class_rule == "prohibition:never"
+    assert constraint.class_rule.startswith("standing ")
     assert constraint.tokens == 12
     assert constraint.predicate.modality == pb.MODALITY_PROHIBITION
     assert {"prod", "stage"} <= set(constraint.predicate.required_terms)

@@ -81,3 +81,41 @@ fn every_category_is_handled_as_labelled() {
     assert!(report.scored.recall() > rules.scored.recall());
     assert!(report.scored.precision() > rules.scored.precision());
 }
+
+/// The held-out split: nothing was fitted or chosen on it, so these are
+/// regression floors under the figures docs/benchmarks.md reports, not
+/// targets. Every category is there, the instructions are kept (pinned or
+/// in the standing-instructions tier), and the model beats the modal rules.
+#[test]
+fn the_held_out_split_keeps_the_instructions() {
+    let train = load(&default_data_dir(), "train").unwrap();
+    let spans = load(&default_data_dir(), "heldout").unwrap();
+    assert!(train.len() + spans.len() >= 600);
+    assert!(spans.iter().all(|s| s.id.starts_with("ho-")));
+    assert!(train.iter().all(|s| s.id.starts_with("tr-")));
+    let seen: std::collections::HashSet<&str> = train.iter().map(|s| s.text.as_str()).collect();
+    assert!(
+        spans.iter().all(|s| !seen.contains(s.text.as_str())),
+        "a held-out text is also in the training split"
+    );
+    let report = evaluate(&spans, Decider::Model).unwrap();
+    for (category, tally) in &report.by_category {
+        assert!(tally.n >= 6, "{category}: only {} spans", tally.n);
+        if tally.positives > 0 {
+            assert!(
+                tally.kept_recall() >= 0.8,
+                "{category}: {}/{} kept",
+                tally.kept,
+                tally.positives
+            );
+        }
+    }
+    assert!(report.scored.kept_recall() >= 0.98, "{:?}", report.scored);
+    assert!(report.scored.recall() >= 0.95, "{:?}", report.scored);
+    for category in ["tool_output", "assistant_output"] {
+        assert_eq!(report.by_category[category].pinned, 0, "{category}");
+    }
+    let rules = evaluate(&spans, Decider::ModalRules).unwrap();
+    assert!(report.scored.recall() > rules.scored.recall());
+    assert!(report.scored.precision() > rules.scored.precision());
+}
