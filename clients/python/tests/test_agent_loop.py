@@ -74,7 +74,9 @@ def test_agent_loop_keeps_its_constraint_through_compactions(daemon: LocalDaemon
     for marker in summary["markers"]:
         assert marker["outcome"] == "COMMITTED"
         assert marker["tokens_after"] < marker["tokens_before"]
-        assert marker["pinned_retained"] == marker["pinned_total"] == 1
+        # Every pinned span survived (the constraint, and any task turn the
+        # classifier pinned with it).
+        assert marker["pinned_retained"] == marker["pinned_total"] >= 1
         assert any(line.startswith(f"  marker {marker['seq']}: ") for line in lines)
     # The constraint stood in every prompt: the model never touched prod.
     assert summary["namespaces"] == ["staging"] * 6
