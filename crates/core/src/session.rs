@@ -118,9 +118,8 @@ pub struct Incoming {
 impl Incoming {
     /// Decides the class of an unlabelled user or system span under the
     /// session's classifier mode and tuning, deriving a predicate when it
-    /// becomes a constraint; other spans are unchanged. (The broker
-    /// classified it by the modal rules before the session's turn was
-    /// taken; a session in MODEL mode, the default, scores it here.)
+    /// becomes a constraint; other spans are unchanged. The one place such
+    /// a span is classified: the wire leaves it narrative until here.
     fn settle(mut self, config: &SessionConfig) -> Incoming {
         if !self.unclassified || !matches!(self.role, Role::User | Role::System) {
             return self;
@@ -129,10 +128,8 @@ impl Incoming {
         let decided = match config.classifier {
             ClassifierMode::Model => crate::classify::classify_with(self.role, &self.text, tuning),
             ClassifierMode::Rules | ClassifierMode::CallerOnly => {
-                match crate::classify::by_phrase(&self.text, tuning) {
-                    Some(pinned) => pinned,
-                    None => return self,
-                }
+                crate::classify::by_phrase(&self.text, tuning)
+                    .unwrap_or_else(|| crate::classify::classify(self.role, &self.text))
             }
         };
         if decided.class != self.classification.class {
@@ -430,7 +427,7 @@ impl Session {
         self.spans.extend(change.append.iter().cloned());
     }
 
-    /// Admits one turn (DESIGN §4, steps 3–6): gives its spans ids,
+    /// Admits one turn: gives its spans ids,
     /// positions and the next turn number, decides with
     /// [`admission::decide`], and returns the change that appends the turn
     /// together with the compaction it needed.
@@ -793,8 +790,7 @@ impl Session {
         Ok(self.in_place(record, vec![released], Some(marker)))
     }
 
-    /// Background pre-compaction (trigger SOFT_WATERMARK, DESIGN §4 step
-    /// 8): when live is above the soft watermark, plans down to
+    /// Background pre-compaction (trigger SOFT_WATERMARK): when live is above the soft watermark, plans down to
     /// [`SessionConfig::soft_target_tokens`] with no incoming turn, so that
     /// the next admissions find room already made.
     ///

@@ -468,9 +468,10 @@ impl Broker {
         }
     }
 
-    /// Admits one turn: DESIGN §4. Counting and classification happen
-    /// before the session's turn is taken; the decision, the write and the
-    /// memory update happen within it.
+    /// Admits one turn. Counting happens before the session's turn is
+    /// taken; classifying unlabelled user and system spans (under the
+    /// session's mode), the decision, the write and the memory update
+    /// happen within it.
     pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
         let tokenizer = self.sessions.tokenizer(&self.store, id)?;
         let keys: Vec<String> = inputs
@@ -928,9 +929,9 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                 _ => counter.count(&input.text),
             };
             let unclassified = input.span_class() == pb::SpanClass::Unspecified;
-            // Classified by the modal rules here, outside the session's
-            // turn; a session's own mode (MODEL unless it says otherwise)
-            // and tuning decide at admission.
+            // An unlabelled user or system span is classified once, at
+            // admission, under the session's mode and tuning; tool and
+            // assistant output is narrative by role.
             let classification = match input.span_class() {
                 pb::SpanClass::Constraint => Classification {
                     class: SpanClass::Constraint,
@@ -947,7 +948,14 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                     source: ClassSource::Caller,
                     rule: String::new(),
                 },
-                pb::SpanClass::Unspecified => classify::classify(role, &input.text),
+                pb::SpanClass::Unspecified => match role {
+                    Role::User | Role::System => Classification {
+                        class: SpanClass::Narrative,
+                        source: ClassSource::Rules,
+                        rule: String::new(),
+                    },
+                    Role::Tool | Role::Assistant => classify::classify(role, &input.text),
+                },
             };
             let predicate = (classification.class == SpanClass::Constraint)
                 .then(|| constraint_predicate(&input.text, input.predicate.as_ref()));
