@@ -1,5 +1,4 @@
-//! Admission: whether a turn fits, needs a compaction, or must be refused
-//! (DESIGN §4, steps 4–5).
+//! Admission: whether a turn fits, needs a compaction, or must be refused.
 //!
 //! The decision is pure; [`crate::session::Session::admit`] builds the
 //! turn's spans around it and turns it into a change to write. A

@@ -1,4 +1,4 @@
-//! The planner: proposes a compaction (DESIGN §5.5).
+//! The planner: proposes a compaction.
 //!
 //! Narrative and earlier summaries are evicted first: every span whose
 //! relevance is below the session's floor, then more by ascending

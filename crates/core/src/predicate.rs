@@ -1,5 +1,5 @@
 //! Predicates: what a constraint demands, in a form a compressed text can be
-//! checked against (DESIGN §5.3).
+//! checked against.
 //!
 //! A pinned constraint may be replaced by a shorter form only when the form
 //! still says the same thing. "Same" is made checkable: the form must keep

@@ -1,5 +1,4 @@
-//! Relevance: which narrative goes first when room must be made (DESIGN
-//! §5.4).
+//! Relevance: which narrative goes first when room must be made.
 //!
 //! Relevance is topical and recent by construction, which is exactly why it
 //! must never decide whether a constraint may go: an old, short,

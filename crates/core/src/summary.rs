@@ -1,4 +1,4 @@
-//! The built-in summariser: extractive and deterministic (DESIGN §5.7).
+//! The built-in summariser: extractive and deterministic.
 //!
 //! A summary is what remains of evicted narrative in the prompt, so it must
 //! keep what an agent cannot reconstruct: the exact file paths, error lines,

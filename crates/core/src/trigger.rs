@@ -1,5 +1,4 @@
-//! Trigger soundness: when a compaction cadence can be trusted (DESIGN
-//! §5.8).
+//! Trigger soundness: when a compaction cadence can be trusted.
 //!
 //! A clock does not know how much was admitted between two ticks. A cadence
 //! protects the window only when nothing that can arrive within one interval

@@ -1,4 +1,4 @@
-//! The verifier: an independent pre-commit check of a plan (DESIGN §5.6).
+//! The verifier: an independent pre-commit check of a plan.
 //!
 //! The verifier shares no code with the planner beyond the primitives that
 //! define the rules (a predicate's check, what an anchor is), so a bug in the

@@ -2,7 +2,7 @@
 //! operations — admissions (bursts included), pins, unpins, plans and
 //! commits with and without the caller's edits, stale plans, background and
 //! staleness compactions, the passage of time, restarts — keeps the
-//! invariants of DESIGN §2 after every step:
+//! invariants below after every step:
 //!
 //! 1. every constraint admitted or pinned and not unpinned is live, still a
 //!    constraint, and verbatim or in a compressed form that satisfies its

@@ -1,5 +1,5 @@
 //! `ExportSession` and `ImportSession`: moving a session between replicas
-//! (DESIGN §9, scale-out), as a snapshot any client can carry.
+//! (scale-out), as a snapshot any client can carry.
 //!
 //! The export reads the session from the store under one snapshot of the
 //! store (see `ctxbroker_store::transfer`): consistent as of one moment
