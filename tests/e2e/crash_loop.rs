@@ -1225,6 +1225,61 @@ impl Checker {
         }
     }
 
+    /// Check 5, the search index: acknowledged spans, live or archived,
+    /// are found by the reference their text carries (`ref <id>-t3p0` in
+    /// turns, `` `<id>-c3` `` in constraints), which no other span of the
+    /// session holds (summaries aside). The index is written in the transaction that stores
+    /// the span, so no kill can leave one without the other. At most the
+    /// last 40 of a session are searched, to bound the check's time.
+    async fn searchable(&mut self, id: &str, log: &SessionLog) {
+        let reference = |text: &str| -> Option<String> {
+            let from_ref = text
+                .split(' ')
+                .find(|w| w.starts_with(&format!("{id}-t")))
+                .map(|w| w.trim_end_matches(':').to_owned());
+            from_ref.or_else(|| {
+                let start = text.find(&format!("`{id}-c"))? + 1;
+                let len = text[start..].find('`')?;
+                Some(text[start..start + len].to_owned())
+            })
+        };
+        let wanted: Vec<(u64, String)> = log
+            .spans
+            .iter()
+            .rev()
+            .filter_map(|(span_id, acked)| reference(&acked.text).map(|r| (*span_id, r)))
+            .take(40)
+            .collect();
+        for (span_id, reference) in wanted {
+            let request = pb::SearchSpansRequest {
+                session_id: id.into(),
+                query: reference.clone(),
+                page_size: 5,
+                ..Default::default()
+            };
+            let reply = tokio::time::timeout(RPC_TIMEOUT, self.client.search_spans(request)).await;
+            match reply {
+                Ok(Ok(reply)) => {
+                    let hits = reply.into_inner().hits;
+                    // Summaries that carry the reference may rank beside
+                    // the span itself.
+                    if !hits.iter().any(|h| h.span_id == span_id) {
+                        self.fail(format!(
+                            "{id}: searching {reference:?} finds {:?}, not span {span_id}",
+                            hits.iter().map(|h| h.span_id).collect::<Vec<_>>()
+                        ));
+                    }
+                }
+                Ok(Err(status)) => {
+                    self.fail(format!(
+                        "{id}: SearchSpans {reference:?} refused: {status:?}"
+                    ));
+                }
+                Err(_) => self.fail(format!("{id}: SearchSpans {reference:?} timed out")),
+            }
+        }
+    }
+
     /// Every span the log's markers evicted reads back as archived by its
     /// marker.
     async fn archive(&mut self) {
@@ -1430,6 +1485,7 @@ async fn acknowledged_work_survives_a_crash_loop_under_load() {
             check.unacknowledged(id, ctx, log).await;
             check.unpins(id, log);
             check.acknowledged(id, ctx, log).await;
+            check.searchable(id, log).await;
         }
         check.archive().await;
         check

@@ -27,5 +27,6 @@ mod ops;
 mod policy;
 mod resident;
 mod retry;
+mod search;
 mod transfer;
 mod watch;

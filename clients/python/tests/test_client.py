@@ -116,6 +116,28 @@ def test_compaction_keeps_the_constraint_verbatim_and_archives_narrative(broker:
     assert archived.text.startswith("kubectl -n staging apply")
 
 
+def test_an_evicted_turn_is_found_again_by_an_anchor(broker: Broker) -> None:
+    small_session(broker, "anchors")
+    markers = admit_tools(broker, "anchors", range(1, 11))
+    evicted = markers[0].evicted_span_ids[0]
+    original = broker.get_span("anchors", evicted)
+    # The anchor of that turn, as the agent would have it: its manifest.
+    anchor = next(w for w in original.text.split() if w.startswith("k8s/"))
+    hits = list(
+        broker.search_spans("anchors", anchor.rstrip(":"), roles=[pb.ROLE_TOOL], page_size=2)
+    )
+    assert hits[0].span_id == evicted
+    assert hits[0].state == pb.SPAN_STATE_ARCHIVED
+    assert hits[0].archived_by_seq == markers[0].seq
+    assert anchor.rstrip(":") in hits[0].snippet
+    assert broker.get_span("anchors", hits[0].span_id).text == original.text
+    # Listing walks every span once, in id order, across pages.
+    listed = [s.span_id for s in broker.list_spans("anchors", page_size=3)]
+    assert listed == sorted(set(listed)) and evicted in listed
+    with pytest.raises(errors.InvalidArgument):
+        list(broker.search_spans("anchors", "", page_size=2))
+
+
 def test_a_turn_that_can_never_fit_is_refused_whole(broker: Broker) -> None:
     small_session(broker, "burst")
     admit_tools(broker, "burst", range(1, 5))

@@ -9,6 +9,7 @@ pub mod common;
 pub mod daemon;
 pub mod plan;
 pub mod replay;
+pub mod search;
 pub mod storage;
 pub mod tokens;
 pub mod watch;

@@ -10,8 +10,9 @@
 //! ctxbroker-bench classify [--data DIR] [--repeats N] [--explain]
 //! ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]
 //! ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]
-//! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]
+//! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session] [--unlabelled]
 //! ctxbroker-bench storage [--sessions N] [--spans N] [--daemon PATH] [--dir DIR] [--reuse] ...
+//! ctxbroker-bench search [--spans N,N,...] [--queries N] [--batch N]
 //! ```
 //!
 //! `admit`: admission throughput and latency under a realistic turn mix,
@@ -50,6 +51,7 @@ async fn main() -> Result<(), Failure> {
         Some("tokens") => ctxbroker_bench::tokens::tokens_main(rest),
         Some("replay") => ctxbroker_bench::replay::replay_main(rest),
         Some("storage") => ctxbroker_bench::storage::storage_main(rest).await,
+        Some("search") => ctxbroker_bench::search::search_main(rest).await,
         _ => {
             eprintln!(
                 "usage: ctxbroker-bench admit [--duration S] [--clients N] [--sessions N] ... (--help)"
@@ -67,11 +69,12 @@ async fn main() -> Result<(), Failure> {
                 "       ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]"
             );
             eprintln!(
-                "       ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]"
+                "       ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session] [--unlabelled]"
             );
             eprintln!(
                 "       ctxbroker-bench storage [--sessions N] [--spans N] [--clients N] [--restarts N] [--verify N] [--sample N] [--daemon PATH] [--dir DIR] [--reuse] [--populate-durability flush|relaxed] [--daemon-arg ARG]..."
             );
+            eprintln!("       ctxbroker-bench search [--spans N,N,...] [--queries N] [--batch N]");
             std::process::exit(2);
         }
     }

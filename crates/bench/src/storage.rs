@@ -582,7 +582,7 @@ fn span_len(session: usize, span: usize) -> (usize, Rng) {
 }
 
 /// Span `span` of session `session`: role and text.
-fn span_input(session: usize, span: usize) -> (pb::Role, String) {
+pub(crate) fn span_input(session: usize, span: usize) -> (pb::Role, String) {
     let (len, mut rng) = span_len(session, span);
     let role = match rng.below(10) {
         0..=4 => pb::Role::Tool,

@@ -16,6 +16,7 @@ pub mod plan;
 pub mod planner;
 pub mod predicate;
 pub mod relevance;
+pub mod search;
 pub mod session;
 pub mod span;
 pub mod summary;

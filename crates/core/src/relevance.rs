@@ -290,6 +290,19 @@ fn lower_into(word: &str, ascii: bool, buf: &mut String) {
     }
 }
 
+/// Calls `f` with each word of `text` that search indexes, lower-cased,
+/// and the byte range it came from: the words the similarity counts, and
+/// single digits besides, so that `web-1` and `web-2` differ.
+pub(crate) fn for_each_term(text: &str, mut f: impl FnMut(&str, usize, usize)) {
+    let mut buf = String::new();
+    for_each_word(text, |start, end, ascii| {
+        lower_into(&text[start..end], ascii, &mut buf);
+        if counts(&buf) || (buf.len() == 1 && buf.as_bytes()[0].is_ascii_digit()) {
+            f(&buf, start, end);
+        }
+    });
+}
+
 fn counts(word: &str) -> bool {
     word.len() >= 2 && !IGNORED.contains(&word)
 }

@@ -22,6 +22,7 @@ use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb
 use crate::error::{ApiError, BadField};
 use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
 use crate::metrics::Metrics;
+use crate::search;
 use crate::validate;
 
 /// Replies buffered per stream before the stream's task waits for the
@@ -522,6 +523,28 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(pb::GetSpanResponse {
             span: Some(span_to_pb(&stored.span, stored.state, 0.0)),
         }))
+    }
+
+    async fn search_spans(
+        &self,
+        request: Request<pb::SearchSpansRequest>,
+    ) -> Result<Response<pb::SearchSpansResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let checked = search::check_search(&req)?;
+        let response = search::run_search(self.broker.store(), &req.session_id, checked).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn list_spans(
+        &self,
+        request: Request<pb::ListSpansRequest>,
+    ) -> Result<Response<pb::ListSpansResponse>, Status> {
+        let req = request.into_inner();
+        self.check_id("session_id", &req.session_id)?;
+        let checked = search::check_listing(&req)?;
+        let response = search::run_listing(self.broker.store(), &req.session_id, checked).await?;
+        Ok(Response::new(response))
     }
 
     async fn plan_compaction(

@@ -35,11 +35,13 @@ pub(crate) enum TreeId {
     Meta,
     /// Session ‖ caller's idempotency key → the span admitted with it.
     Keys,
+    /// Session ‖ span id → the span's term vector, for search.
+    Terms,
 }
 
 impl TreeId {
     /// Every tree, in the order the writer's transaction takes them.
-    pub(crate) const ALL: [TreeId; 7] = [
+    pub(crate) const ALL: [TreeId; 8] = [
         TreeId::Sessions,
         TreeId::Spans,
         TreeId::Pins,
@@ -47,6 +49,7 @@ impl TreeId {
         TreeId::Markers,
         TreeId::Meta,
         TreeId::Keys,
+        TreeId::Terms,
     ];
 
     /// The tree's name on disk and in errors.
@@ -59,6 +62,7 @@ impl TreeId {
             TreeId::Markers => "markers",
             TreeId::Meta => "meta",
             TreeId::Keys => "keys",
+            TreeId::Terms => "terms",
         }
     }
 }
@@ -143,7 +147,7 @@ pub(crate) fn parse_session_number_key(key: &[u8]) -> Option<(String, u64)> {
 pub(crate) fn session_of(tree: TreeId, key: &[u8]) -> Option<String> {
     match tree {
         TreeId::Sessions => std::str::from_utf8(key).ok().map(str::to_owned),
-        TreeId::Spans | TreeId::Pins | TreeId::Archive => {
+        TreeId::Spans | TreeId::Pins | TreeId::Archive | TreeId::Terms => {
             parse_session_number_key(key).map(|(id, _)| id)
         }
         TreeId::Keys => parse_session_text_key(key).map(|(id, _)| id),
@@ -159,17 +163,19 @@ pub(crate) fn render(tree: TreeId, key: &[u8]) -> String {
             Ok(id) => format!("{id:?}"),
             Err(_) => raw(),
         },
-        TreeId::Spans | TreeId::Pins | TreeId::Archive => match parse_session_number_key(key) {
-            Some((id, n)) => {
-                let what = if tree == TreeId::Spans {
-                    "position"
-                } else {
-                    "span"
-                };
-                format!("{id:?}/{what} {n}")
+        TreeId::Spans | TreeId::Pins | TreeId::Archive | TreeId::Terms => {
+            match parse_session_number_key(key) {
+                Some((id, n)) => {
+                    let what = if tree == TreeId::Spans {
+                        "position"
+                    } else {
+                        "span"
+                    };
+                    format!("{id:?}/{what} {n}")
+                }
+                None => raw(),
             }
-            None => raw(),
-        },
+        }
         TreeId::Markers => match parse_marker_key(key) {
             Some(seq) => format!("seq {seq}"),
             None => raw(),
@@ -220,6 +226,7 @@ mod tests {
         assert_eq!(render(TreeId::Markers, &marker_key(42)), "seq 42");
         assert_eq!(render(TreeId::Spans, &[1, 2]), "0x0102");
         assert_eq!(session_of(TreeId::Pins, &key).as_deref(), Some("sess-1"));
+        assert_eq!(render(TreeId::Terms, &key), "\"sess-1\"/span 17");
     }
 
     #[test]

@@ -36,6 +36,8 @@
 //! | archive | session ‖ span id (u64 BE) | evicted span and the seq that evicted it |
 //! | markers | seq (u64 BE) | marker |
 //! | meta | `format_version`, `marker_log` | format version; next and oldest seq |
+//! | keys | session ‖ idempotency key | the span admitted with it |
+//! | terms | session ‖ span id (u64 BE) | the span's term vector (20-bit term keys and counts, about two bytes a term), for search |
 //!
 //! "session" in a key is the id's length in one byte followed by the id,
 //! so a prefix scan of one session never reaches another. Values are
@@ -47,6 +49,7 @@ mod error;
 mod keys;
 mod model;
 mod record;
+mod search;
 mod store;
 pub mod transfer;
 mod writer;
@@ -62,6 +65,7 @@ pub use model::{
     AdmitWrite, CommitHook, CompactionWrite, Durability, FlushObserver, MarkerBounds, Pin,
     SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
 };
+pub use search::{SearchHit, SearchPage, SearchQuery, SpanListing};
 pub use store::Store;
 pub use transfer::{InvalidSnapshot, SessionExport, SessionImport, SnapshotPart};
 

@@ -17,6 +17,7 @@ use ctxbroker_core::config::{
 use ctxbroker_core::marker::{CompactionTrigger, Outcome};
 use ctxbroker_core::plan::{Violation, ViolationKind};
 use ctxbroker_core::relevance::RelevanceWeights;
+use ctxbroker_core::search::{TermVector, codec};
 use ctxbroker_core::span::{
     ClassSource, Classification, Modality, OriginalForm, Predicate, PredicateSource, Role,
     SpanClass, SummaryInfo,
@@ -398,6 +399,13 @@ pub(crate) struct ArchivedRow {
 pub(crate) struct KeyRow {
     #[prost(uint64, tag = "1")]
     span_id: u64,
+}
+
+/// A span's term vector, packed (see `ctxbroker_core::search::codec`).
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct TermRow {
+    #[prost(bytes = "vec", tag = "1")]
+    packed: Vec<u8>,
 }
 
 /// An entry of a pin set.
@@ -880,6 +888,28 @@ pub(crate) fn encode_key(key: &[u8], span_id: SpanId) -> Vec<u8> {
 /// Decodes the span id found at `key` (session ‖ idempotency key).
 pub(crate) fn decode_key(key: &[u8], value: &[u8]) -> Result<SpanId, StoreError> {
     read(TreeId::Keys, key, value, |row: KeyRow| Ok(row.span_id))
+}
+
+/// Encodes a span's term vector for its key (session ‖ span id).
+pub(crate) fn encode_terms(key: &[u8], vector: &TermVector) -> Vec<u8> {
+    seal(
+        key,
+        &TermRow {
+            packed: codec::encode(vector),
+        },
+    )
+}
+
+/// The length of a span's term vector and the frequency of each of
+/// `term_keys` in it, reading no further than the largest.
+pub(crate) fn term_frequencies(
+    key: &[u8],
+    value: &[u8],
+    term_keys: &[u32],
+) -> Result<(u32, Vec<u32>), StoreError> {
+    read(TreeId::Terms, key, value, |row: TermRow| {
+        codec::frequencies(&row.packed, term_keys).map_err(|e| format!("term vector: {e}"))
+    })
 }
 
 /// Encodes a marker for its key.

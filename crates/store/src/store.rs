@@ -102,6 +102,7 @@ impl Store {
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
         let epoch = check_epoch(&trees, dir, recorded)?;
         epoch_file.record(epoch)?;
+        crate::search::index_unindexed(&trees)?;
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
             MarkerBounds {
@@ -425,7 +426,7 @@ impl Store {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn require_session(&self, id: &str) -> Result<(), StoreError> {
+    pub(crate) fn require_session(&self, id: &str) -> Result<(), StoreError> {
         let present = get_counted(&self.inner.trees.sessions, &keys::session_key(id))?.is_some();
         if present {
             Ok(())

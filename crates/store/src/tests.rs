@@ -650,3 +650,51 @@ async fn an_engine_behind_the_recorded_commit_epoch_is_refused() {
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     assert_eq!(store.session("hurt").unwrap().unwrap().revision, 3);
 }
+
+fn search_ids(store: &Store, session: &str, text: &str) -> Result<Vec<u64>, StoreError> {
+    let query = crate::SearchQuery {
+        terms: ctxbroker_core::search::query_terms(text),
+        filter: Default::default(),
+        offset: 0,
+        limit: 10,
+    };
+    Ok(store
+        .search(session, &query)?
+        .hits
+        .iter()
+        .map(|h| h.stored.span.id)
+        .collect())
+}
+
+#[tokio::test]
+async fn a_damaged_term_vector_is_reported_not_ranked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    // Spans "span 1".."span 3": each holds "span"; the archived one too.
+    assert_eq!(search_ids(&store, "hurt", "span").unwrap().len(), 3);
+    let key = keys::session_number_key("hurt", 1);
+    flip_byte(&store, TreeId::Terms, &key, 9);
+    assert_corrupt(
+        search_ids(&store, "hurt", "span"),
+        "terms",
+        "\"hurt\"/span 1",
+        Some("hurt"),
+    );
+    // Other sessions still answer.
+    assert_eq!(search_ids(&store, "fine", "span").unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_store_written_before_the_index_is_indexed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = populated(dir.path()).await;
+        // What a store of an earlier build holds: no terms at all.
+        store.raw_tree(TreeId::Terms).clear().unwrap();
+        assert!(search_ids(&store, "hurt", "span").unwrap().is_empty());
+        store.close().unwrap();
+    }
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(search_ids(&store, "hurt", "span").unwrap(), [3, 2, 1]);
+    assert_eq!(search_ids(&store, "fine", "span").unwrap(), [3, 2, 1]);
+}

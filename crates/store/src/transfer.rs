@@ -78,7 +78,7 @@ fn tree_code(tree: TreeId) -> Option<u32> {
         TreeId::Spans => Some(2),
         TreeId::Archive => Some(3),
         TreeId::Keys => Some(4),
-        TreeId::Pins | TreeId::Markers | TreeId::Meta => None,
+        TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => None,
     }
 }
 
@@ -310,7 +310,7 @@ impl SessionImport {
                     let span = record::decode_key(&entry.key, &entry.value).map_err(damaged)?;
                     keyed.push((keys::render(tree, &entry.key), span));
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta => {
+                TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => {
                     return Err(bad_body(format!(
                         "{what}: not a keyspace a snapshot carries"
                     )));
@@ -433,7 +433,7 @@ impl Store {
                     record::decode_key(key, value)?;
                     idempotency_keys += 1;
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta => {}
+                TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => {}
             }
         }
         let Some(exported) = exported else {
@@ -505,7 +505,13 @@ pub(crate) fn stage_import(
         return Err(StoreError::SessionExists { id });
     }
     let prefix = keys::session_prefix(&id);
-    for tree in [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys] {
+    for tree in [
+        TreeId::Spans,
+        TreeId::Pins,
+        TreeId::Archive,
+        TreeId::Keys,
+        TreeId::Terms,
+    ] {
         if let Some(key) = stage.scan_keys(tree, &prefix)?.first() {
             return Err(StoreError::InvalidWrite {
                 session: id.clone(),
@@ -517,8 +523,20 @@ pub(crate) fn stage_import(
             });
         }
     }
+    // The search index is not carried: it is built here, from the spans
+    // as the snapshot holds them, archived ones first.
+    let mut indexed = Vec::with_capacity(import.live.len());
+    for (tree, key, value) in &import.records {
+        if *tree == TreeId::Archive {
+            let (span, _) = record::decode_archived(key, value)?;
+            indexed.push(span);
+        }
+    }
     for (tree, key, value) in import.records {
         stage.put(tree, key, value);
+    }
+    for span in indexed.iter().chain(&import.live) {
+        crate::writer::index_span(stage, &id, span);
     }
     for span in &import.live {
         if span.classification.class == SpanClass::Constraint {

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use ctxbroker_core::marker::Outcome;
+use ctxbroker_core::search::TermVector;
 use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::{Marker, Span, SpanId};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
@@ -49,6 +50,7 @@ pub(crate) struct Trees {
     pub(crate) markers: sled::Tree,
     pub(crate) meta: sled::Tree,
     pub(crate) keys: sled::Tree,
+    pub(crate) terms: sled::Tree,
 }
 
 impl Trees {
@@ -62,6 +64,7 @@ impl Trees {
             markers: tree(TreeId::Markers)?,
             meta: tree(TreeId::Meta)?,
             keys: tree(TreeId::Keys)?,
+            terms: tree(TreeId::Terms)?,
             db,
         })
     }
@@ -75,6 +78,7 @@ impl Trees {
             TreeId::Markers => &self.markers,
             TreeId::Meta => &self.meta,
             TreeId::Keys => &self.keys,
+            TreeId::Terms => &self.terms,
         }
     }
 }
@@ -568,29 +572,33 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
         &trees.markers,
         &trees.meta,
         &trees.keys,
+        &trees.terms,
     )
-        .transaction(|(sessions, spans, pins, archive, markers, meta, keys)| {
-            for ((tree, key), value) in writes {
-                let tree = match tree {
-                    TreeId::Sessions => sessions,
-                    TreeId::Spans => spans,
-                    TreeId::Pins => pins,
-                    TreeId::Archive => archive,
-                    TreeId::Markers => markers,
-                    TreeId::Meta => meta,
-                    TreeId::Keys => keys,
-                };
-                match value {
-                    Some(value) => {
-                        tree.insert(key.as_slice(), value.as_slice())?;
-                    }
-                    None => {
-                        tree.remove(key.as_slice())?;
+        .transaction(
+            |(sessions, spans, pins, archive, markers, meta, keys, terms)| {
+                for ((tree, key), value) in writes {
+                    let tree = match tree {
+                        TreeId::Sessions => sessions,
+                        TreeId::Spans => spans,
+                        TreeId::Pins => pins,
+                        TreeId::Archive => archive,
+                        TreeId::Markers => markers,
+                        TreeId::Meta => meta,
+                        TreeId::Keys => keys,
+                        TreeId::Terms => terms,
+                    };
+                    match value {
+                        Some(value) => {
+                            tree.insert(key.as_slice(), value.as_slice())?;
+                        }
+                        None => {
+                            tree.remove(key.as_slice())?;
+                        }
                     }
                 }
-            }
-            Ok::<(), ConflictableTransactionError<()>>(())
-        });
+                Ok::<(), ConflictableTransactionError<()>>(())
+            },
+        );
     result.map_err(|err| match err {
         TransactionError::Abort(()) => StoreError::Engine("transaction aborted".into()),
         TransactionError::Storage(err) => StoreError::engine(err),
@@ -769,7 +777,17 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
         let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
         stage.put(TreeId::Pins, key, value);
     }
+    index_span(stage, session, span);
     Ok(())
+}
+
+/// Indexes a newly stored span for search, in the same transaction as the
+/// span itself: one row, its term vector. A span is indexed once, as it
+/// was stored: eviction moves it to the archive without touching its row.
+pub(crate) fn index_span(stage: &mut Stage<'_>, session: &str, span: &Span) {
+    let key = keys::session_number_key(session, span.id);
+    let value = record::encode_terms(&key, &TermVector::of(&span.text));
+    stage.put(TreeId::Terms, key, value);
 }
 
 /// Finds a live span by id: spans are keyed by position, which equals the
@@ -944,7 +962,13 @@ fn apply(
             }
             let prefix = keys::session_prefix(&id);
             let mut spans_deleted = 0;
-            for tree in [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys] {
+            for tree in [
+                TreeId::Spans,
+                TreeId::Pins,
+                TreeId::Archive,
+                TreeId::Keys,
+                TreeId::Terms,
+            ] {
                 for key in stage.scan_keys(tree, &prefix)? {
                     if matches!(tree, TreeId::Spans | TreeId::Archive) {
                         spans_deleted += 1;

@@ -294,6 +294,74 @@ class Broker:
             self.stub.GetSpan, pb.GetSpanRequest(session_id=session_id, span_id=span_id)
         ).span
 
+    def search_spans(
+        self,
+        session_id: str,
+        query: str,
+        *,
+        roles: Iterable[int] = (),
+        span_classes: Iterable[int] = (),
+        from_turn: int | None = None,
+        to_turn: int | None = None,
+        state: int = 0,
+        page_size: int = 10,
+    ) -> Iterator[pb.SpanHit]:
+        """Spans of the session, live and archived, that hold words of
+        ``query``, best first (BM25), fetching page by page: how an agent
+        finds the turn behind an anchor a marker reports dropped. Each hit
+        carries a snippet; :meth:`get_span` returns the whole text."""
+        span_filter = pb.SpanFilter(
+            roles=list(roles),
+            span_classes=list(span_classes),
+            from_turn=from_turn,
+            to_turn=to_turn,
+            state=state,
+        )
+        token = ""
+        while True:
+            reply = self._call(
+                self.stub.SearchSpans,
+                pb.SearchSpansRequest(
+                    session_id=session_id,
+                    query=query,
+                    filter=span_filter,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+            )
+            yield from reply.hits
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def list_spans(
+        self,
+        session_id: str,
+        *,
+        from_turn: int | None = None,
+        to_turn: int | None = None,
+        state: int = 0,
+        page_size: int = 100,
+    ) -> Iterator[pb.SpanHit]:
+        """Spans of the session, live and archived, in id order, within
+        the turn range, fetching page by page."""
+        span_filter = pb.SpanFilter(from_turn=from_turn, to_turn=to_turn, state=state)
+        token = ""
+        while True:
+            reply = self._call(
+                self.stub.ListSpans,
+                pb.ListSpansRequest(
+                    session_id=session_id,
+                    filter=span_filter,
+                    page_size=page_size,
+                    page_token=token,
+                ),
+            )
+            yield from reply.spans
+            token = reply.next_page_token
+            if not token:
+                return
+
     # Compaction the caller steers -----------------------------------------
 
     def plan_compaction(

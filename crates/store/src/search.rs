@@ -1,0 +1,318 @@
+//! Reading the search index and listing a session's spans.
+//!
+//! The writer indexes every span when it stores it, in the same
+//! transaction (see `writer::index_span`): the index can never hold a
+//! span the store does not, nor miss one it holds, whatever point a
+//! crash interrupts. Reads here run under one snapshot, so a search sees
+//! each batch wholly or not at all. They walk the engine and decode
+//! records: call them off the async runtime's workers.
+
+use std::collections::HashMap;
+
+use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing, TermVector};
+use ctxbroker_core::{Span, SpanId};
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::model::{SpanState, StoredSpan};
+use crate::record;
+use crate::store::Store;
+
+/// A search of one session's spans, live and archived.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SearchQuery {
+    /// The query's terms ([`search::query_terms`]).
+    pub terms: Vec<String>,
+    /// Which spans to keep.
+    pub filter: SpanFilter,
+    /// Kept hits to skip: the page's start.
+    pub offset: usize,
+    /// Kept hits to return at most.
+    pub limit: usize,
+}
+
+/// One span a search found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    /// The span and where it is now.
+    pub stored: StoredSpan,
+    /// Its BM25 score for the query.
+    pub score: f64,
+}
+
+/// A page of a search.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SearchPage {
+    /// The hits, best first.
+    pub hits: Vec<SearchHit>,
+    /// Spans whose term vectors hold at least one query term's key,
+    /// before the filter.
+    pub matched: u64,
+    /// Whether kept hits follow this page.
+    pub more: bool,
+}
+
+/// A page of a listing.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SpanListing {
+    /// The spans, by id.
+    pub spans: Vec<StoredSpan>,
+    /// Whether kept spans follow this page.
+    pub more: bool,
+}
+
+impl Store {
+    /// Ranks a session's spans, live and archived, against the query's
+    /// terms, and returns the page of kept hits the query asks for.
+    pub fn search(&self, session: &str, query: &SearchQuery) -> Result<SearchPage, StoreError> {
+        keys::check_session_id(session)?;
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let keys_of: Vec<u32> = query.terms.iter().map(|t| search::term_key(t)).collect();
+        let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); keys_of.len()];
+        let mut totals = CorpusStats::default();
+        for entry in self
+            .trees()
+            .terms
+            .scan_prefix(keys::session_prefix(session))
+        {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let (length, frequencies) = record::term_frequencies(&key, &value, &keys_of)?;
+            let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
+                return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
+            };
+            totals.spans += 1;
+            totals.total_length += u64::from(length);
+            for (holders, frequency) in postings.iter_mut().zip(frequencies) {
+                if frequency > 0 {
+                    holders.push(Posting {
+                        span_id,
+                        frequency,
+                        length,
+                    });
+                }
+            }
+        }
+        let ranked = search::rank(totals, &postings);
+        let mut page = SearchPage {
+            matched: ranked.len() as u64,
+            ..SearchPage::default()
+        };
+        let mut spans = Resolver::new(self, session);
+        let mut kept = 0usize;
+        for (span_id, score) in ranked {
+            // The index and the spans are written together; a posting
+            // whose span cannot be read is a damaged record, reported by
+            // the read itself.
+            let Some(stored) = spans.get(span_id)? else {
+                continue;
+            };
+            // Terms are kept as 20-bit keys: confirm one is really there.
+            if !search::holds_any(&stored.span.text, &query.terms) {
+                continue;
+            }
+            if !query.filter.keeps(&stored.span, standing(stored.state)) {
+                continue;
+            }
+            kept += 1;
+            if kept <= query.offset {
+                continue;
+            }
+            if page.hits.len() == query.limit {
+                page.more = true;
+                break;
+            }
+            page.hits.push(SearchHit { stored, score });
+        }
+        Ok(page)
+    }
+
+    /// A session's spans, live and archived, in id order (the order they
+    /// were admitted; a summary's id is the one it got when written),
+    /// from the first id after `after`, at most `limit` of those the
+    /// filter keeps.
+    pub fn list_spans(
+        &self,
+        session: &str,
+        filter: &SpanFilter,
+        after: Option<SpanId>,
+        limit: usize,
+    ) -> Result<SpanListing, StoreError> {
+        keys::check_session_id(session)?;
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let trees = self.trees();
+        let start = after.map_or(0, |id| id.saturating_add(1));
+        let prefix = keys::session_prefix(session);
+        let mut live: Vec<Span> = Vec::new();
+        for entry in trees.spans.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let span = record::decode_span(&key, &value)?;
+            if span.id >= start {
+                live.push(span);
+            }
+        }
+        live.sort_by_key(|s| s.id);
+        let mut live = live.into_iter().peekable();
+        let mut archive = trees
+            .archive
+            .range(keys::session_number_key(session, start)..)
+            .take_while(|entry| {
+                entry
+                    .as_ref()
+                    .map_or(true, |(key, _)| key.starts_with(&prefix))
+            })
+            .peekable();
+        let mut listing = SpanListing::default();
+        loop {
+            let next_archived = match archive.peek() {
+                Some(Ok((key, _))) => keys::parse_session_number_key(key).map(|(_, id)| id),
+                Some(Err(_)) => Some(0),
+                None => None,
+            };
+            let next_live = live.peek().map(|s| s.id);
+            let stored = match (next_archived, next_live) {
+                (None, None) => break,
+                (Some(a), l) if l.is_none_or(|l| a < l) => {
+                    let Some(entry) = archive.next() else { break };
+                    let (key, value) = entry.map_err(StoreError::engine)?;
+                    let (span, by_seq) = record::decode_archived(&key, &value)?;
+                    StoredSpan {
+                        span,
+                        state: SpanState::Archived { by_seq },
+                    }
+                }
+                _ => {
+                    let Some(span) = live.next() else { break };
+                    StoredSpan {
+                        span,
+                        state: SpanState::Live,
+                    }
+                }
+            };
+            if !filter.keeps(&stored.span, standing(stored.state)) {
+                continue;
+            }
+            if listing.spans.len() == limit {
+                listing.more = true;
+                break;
+            }
+            listing.spans.push(stored);
+        }
+        Ok(listing)
+    }
+}
+
+fn standing(state: SpanState) -> Standing {
+    match state {
+        SpanState::Live => Standing::Live,
+        SpanState::Archived { .. } => Standing::Archived,
+    }
+}
+
+/// Reads spans by id under the caller's snapshot: the archive by key, a
+/// live span at the position equal to its id, and summaries (which stand
+/// elsewhere) from one walk of the live spans, taken on the first miss.
+struct Resolver<'a> {
+    store: &'a Store,
+    session: &'a str,
+    live_by_id: Option<HashMap<SpanId, Span>>,
+}
+
+impl<'a> Resolver<'a> {
+    fn new(store: &'a Store, session: &'a str) -> Self {
+        Resolver {
+            store,
+            session,
+            live_by_id: None,
+        }
+    }
+
+    fn get(&mut self, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
+        let trees = self.store.trees();
+        let key = keys::session_number_key(self.session, span_id);
+        if let Some(value) = trees.archive.get(&key).map_err(StoreError::engine)? {
+            let (span, by_seq) = record::decode_archived(&key, &value)?;
+            return Ok(Some(StoredSpan {
+                span,
+                state: SpanState::Archived { by_seq },
+            }));
+        }
+        if let Some(value) = trees.spans.get(&key).map_err(StoreError::engine)? {
+            let span = record::decode_span(&key, &value)?;
+            if span.id == span_id {
+                return Ok(Some(StoredSpan {
+                    span,
+                    state: SpanState::Live,
+                }));
+            }
+        }
+        if self.live_by_id.is_none() {
+            let mut by_id = HashMap::new();
+            for entry in trees.spans.scan_prefix(keys::session_prefix(self.session)) {
+                let (key, value) = entry.map_err(StoreError::engine)?;
+                let span = record::decode_span(&key, &value)?;
+                by_id.insert(span.id, span);
+            }
+            self.live_by_id = Some(by_id);
+        }
+        Ok(self
+            .live_by_id
+            .as_ref()
+            .and_then(|by_id| by_id.get(&span_id))
+            .map(|span| StoredSpan {
+                span: span.clone(),
+                state: SpanState::Live,
+            }))
+    }
+}
+
+/// Indexes the sessions of a store written before the index existed:
+/// those with spans and no term vectors. Runs at open, before the writer
+/// starts; returns the sessions indexed.
+pub(crate) fn index_unindexed(trees: &crate::writer::Trees) -> Result<u64, StoreError> {
+    let mut indexed = 0;
+    for entry in trees.sessions.iter().keys() {
+        let key = entry.map_err(StoreError::engine)?;
+        let Ok(session) = std::str::from_utf8(&key) else {
+            continue;
+        };
+        if keys::check_session_id(session).is_err() {
+            continue;
+        }
+        let prefix = keys::session_prefix(session);
+        if trees.terms.scan_prefix(&prefix).next().is_some() {
+            continue;
+        }
+        let mut batch = sled::Batch::default();
+        let mut add = |span: &Span| {
+            let key = keys::session_number_key(session, span.id);
+            let value = record::encode_terms(&key, &TermVector::of(&span.text));
+            batch.insert(key, value);
+        };
+        let mut spans = 0u64;
+        for entry in trees.archive.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            add(&record::decode_archived(&key, &value)?.0);
+            spans += 1;
+        }
+        for entry in trees.spans.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            add(&record::decode_span(&key, &value)?);
+            spans += 1;
+        }
+        if spans == 0 {
+            continue;
+        }
+        trees.terms.apply_batch(batch).map_err(StoreError::engine)?;
+        indexed += 1;
+    }
+    if indexed > 0 {
+        trees.db.flush().map_err(StoreError::engine)?;
+        tracing::info!(
+            sessions = indexed,
+            "indexed sessions stored before search existed"
+        );
+    }
+    Ok(indexed)
+}
