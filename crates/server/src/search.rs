@@ -224,12 +224,14 @@ pub async fn run_search(
             .hits
             .iter()
             .map(|hit| {
-                let text = search::snippet(
-                    &hit.stored.span.text,
-                    &request.query.terms,
-                    request.snippet_chars,
-                );
-                span_hit(&hit.stored, hit.score, text)
+                // A compressed constraint may match only as admitted.
+                let span = &hit.stored.span;
+                let text = match &span.original {
+                    Some(o) if !search::holds_any(&span.text, &request.query.terms) => &o.text,
+                    _ => &span.text,
+                };
+                let snippet = search::snippet(text, &request.query.terms, request.snippet_chars);
+                span_hit(&hit.stored, hit.score, snippet)
             })
             .collect();
         let next_page_token = if page.more {

@@ -219,6 +219,12 @@ pub struct StoreOptions {
     /// server keeps the sessions it serves in memory itself, so this
     /// cache mostly serves the writer's reads and reloads.
     pub cache_capacity_bytes: u64,
+    /// The postings of recently searched sessions kept in memory, in
+    /// bytes (estimated), least recently searched dropped first. A
+    /// session's first search reads its term vectors; later ones read
+    /// only the spans stored since. 0 keeps none: every search reads
+    /// every vector.
+    pub search_cache_bytes: usize,
 }
 
 impl Default for StoreOptions {
@@ -230,6 +236,7 @@ impl Default for StoreOptions {
             on_commit: None,
             on_flush: None,
             cache_capacity_bytes: 32 * 1024 * 1024,
+            search_cache_bytes: 32 * 1024 * 1024,
         }
     }
 }
@@ -246,6 +253,7 @@ impl fmt::Debug for StoreOptions {
             )
             .field("on_flush", &self.on_flush.as_ref().map(|_| "Fn(Duration)"))
             .field("cache_capacity_bytes", &self.cache_capacity_bytes)
+            .field("search_cache_bytes", &self.search_cache_bytes)
             .finish()
     }
 }

@@ -912,6 +912,13 @@ pub(crate) fn term_frequencies(
     })
 }
 
+/// Decodes a span's term vector.
+pub(crate) fn decode_terms(key: &[u8], value: &[u8]) -> Result<TermVector, StoreError> {
+    read(TreeId::Terms, key, value, |row: TermRow| {
+        codec::decode(&row.packed).map_err(|e| format!("term vector: {e}"))
+    })
+}
+
 /// Encodes a marker for its key.
 pub(crate) fn encode_marker(key: &[u8], marker: &Marker) -> Vec<u8> {
     seal(key, &marker_row(marker))

@@ -8,6 +8,7 @@
 //! records: call them off the async runtime's workers.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing, TermVector};
 use ctxbroker_core::{Span, SpanId};
@@ -69,30 +70,10 @@ impl Store {
         let _snapshot = self.snapshot();
         self.require_session(session)?;
         let keys_of: Vec<u32> = query.terms.iter().map(|t| search::term_key(t)).collect();
-        let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); keys_of.len()];
-        let mut totals = CorpusStats::default();
-        for entry in self
-            .trees()
-            .terms
-            .scan_prefix(keys::session_prefix(session))
-        {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            let (length, frequencies) = record::term_frequencies(&key, &value, &keys_of)?;
-            let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
-                return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
-            };
-            totals.spans += 1;
-            totals.total_length += u64::from(length);
-            for (holders, frequency) in postings.iter_mut().zip(frequencies) {
-                if frequency > 0 {
-                    holders.push(Posting {
-                        span_id,
-                        frequency,
-                        length,
-                    });
-                }
-            }
-        }
+        let (totals, postings) = self
+            .shared()
+            .search
+            .postings(self.trees(), session, &keys_of)?;
         let ranked = search::rank(totals, &postings);
         let mut page = SearchPage {
             matched: ranked.len() as u64,
@@ -107,8 +88,13 @@ impl Store {
             let Some(stored) = spans.get(span_id)? else {
                 continue;
             };
-            // Terms are kept as 20-bit keys: confirm one is really there.
-            if !search::holds_any(&stored.span.text, &query.terms) {
+            // Terms are kept as 20-bit keys: confirm one is really there,
+            // in the text or, for a compressed constraint, the text as
+            // admitted (which is what was indexed).
+            let original = stored.span.original.as_ref().map(|o| o.text.as_str());
+            if !search::holds_any(&stored.span.text, &query.terms)
+                && !original.is_some_and(|text| search::holds_any(text, &query.terms))
+            {
                 continue;
             }
             if !query.filter.keeps(&stored.span, standing(stored.state)) {
@@ -315,4 +301,283 @@ pub(crate) fn index_unindexed(trees: &crate::writer::Trees) -> Result<u64, Store
         );
     }
     Ok(indexed)
+}
+
+/// The postings of recently searched sessions, in memory, bounded by
+/// their estimated bytes. A session's entry holds the term vectors of its
+/// spans up to the highest id read; span ids only grow, so a later search
+/// reads only the rows past it. The writer forgets a session that is
+/// deleted or imported, under its exclusive hold.
+#[derive(Debug)]
+pub(crate) struct IndexCache {
+    budget: usize,
+    state: Mutex<CacheState>,
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    sessions: HashMap<String, Cached>,
+    tick: u64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    index: Arc<Mutex<SessionIndex>>,
+    last_used: u64,
+    bytes: usize,
+    /// The session's postings outgrew the whole budget: it is searched
+    /// by reading its term vectors every time.
+    oversize: bool,
+}
+
+/// One session's postings.
+#[derive(Debug, Default)]
+struct SessionIndex {
+    /// The highest span id read, if any.
+    through: Option<SpanId>,
+    /// Per document: span id and length.
+    docs: Vec<(SpanId, u32)>,
+    /// Per term key: (document index, frequency).
+    postings: HashMap<u32, Vec<(u32, u32)>>,
+    /// Postings held, for the estimate.
+    entries: usize,
+    total_length: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl SessionIndex {
+    /// Reads the term vectors stored past `through`; false, with the
+    /// reading stopped, once the postings pass `budget` bytes.
+    fn catch_up(
+        &mut self,
+        trees: &crate::writer::Trees,
+        session: &str,
+        budget: usize,
+    ) -> Result<bool, StoreError> {
+        let prefix = keys::session_prefix(session);
+        let from =
+            keys::session_number_key(session, self.through.map_or(0, |t| t.saturating_add(1)));
+        for entry in trees.terms.range(from..) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
+                return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
+            };
+            let vector = record::decode_terms(&key, &value)?;
+            let doc = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
+            self.docs.push((span_id, vector.length));
+            self.total_length += u64::from(vector.length);
+            for e in &vector.entries {
+                self.postings
+                    .entry(e >> 8)
+                    .or_default()
+                    .push((doc, e & 0xff));
+            }
+            self.entries += vector.entries.len();
+            self.through = Some(span_id);
+            if self.bytes() > budget {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// What the postings take, roughly: eight bytes a posting, sixteen a
+    /// document, and a map slot with its vector per key.
+    fn bytes(&self) -> usize {
+        self.entries * 8 + self.docs.len() * 16 + self.postings.len() * 48
+    }
+
+    fn answer(&self, term_keys: &[u32]) -> (CorpusStats, Vec<Vec<Posting>>) {
+        let totals = CorpusStats {
+            spans: self.docs.len() as u64,
+            total_length: self.total_length,
+        };
+        let postings = term_keys
+            .iter()
+            .map(|k| {
+                self.postings
+                    .get(k)
+                    .map(|list| {
+                        list.iter()
+                            .filter_map(|&(doc, frequency)| {
+                                let &(span_id, length) = self.docs.get(doc as usize)?;
+                                Some(Posting {
+                                    span_id,
+                                    frequency,
+                                    length,
+                                })
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        (totals, postings)
+    }
+}
+
+impl IndexCache {
+    pub(crate) fn new(budget: usize) -> IndexCache {
+        IndexCache {
+            budget,
+            state: Mutex::new(CacheState::default()),
+        }
+    }
+
+    /// Drops a session's postings.
+    pub(crate) fn forget(&self, session: &str) {
+        lock(&self.state).sessions.remove(session);
+    }
+
+    /// The session's totals and, per term key, the spans that hold it,
+    /// from the cached postings brought up to date. The caller holds the
+    /// store's snapshot.
+    fn postings(
+        &self,
+        trees: &crate::writer::Trees,
+        session: &str,
+        term_keys: &[u32],
+    ) -> Result<(CorpusStats, Vec<Vec<Posting>>), StoreError> {
+        let index = {
+            let mut state = lock(&self.state);
+            state.tick += 1;
+            let tick = state.tick;
+            let cached = state
+                .sessions
+                .entry(session.to_owned())
+                .or_insert_with(|| Cached {
+                    index: Arc::new(Mutex::new(SessionIndex::default())),
+                    last_used: tick,
+                    bytes: 0,
+                    oversize: false,
+                });
+            cached.last_used = tick;
+            if cached.oversize {
+                drop(state);
+                return read_postings(trees, session, term_keys);
+            }
+            Arc::clone(&cached.index)
+        };
+        let mut held = lock(&index);
+        match held.catch_up(trees, session, self.budget) {
+            Ok(true) => {}
+            Ok(false) => {
+                *held = SessionIndex::default();
+                drop(held);
+                if let Some(cached) = lock(&self.state).sessions.get_mut(session) {
+                    cached.oversize = true;
+                    cached.bytes = 0;
+                }
+                return read_postings(trees, session, term_keys);
+            }
+            Err(err) => {
+                // A damaged row: nothing half-read stays behind.
+                drop(held);
+                self.forget(session);
+                return Err(err);
+            }
+        }
+        let answer = held.answer(term_keys);
+        let bytes = held.bytes();
+        drop(held);
+        self.settle(session, bytes);
+        Ok(answer)
+    }
+
+    /// Records a session's size and drops the least recently searched
+    /// sessions while the total is over the budget, the session itself
+    /// last.
+    fn settle(&self, session: &str, bytes: usize) {
+        let mut state = lock(&self.state);
+        if let Some(cached) = state.sessions.get_mut(session) {
+            cached.bytes = bytes;
+        }
+        loop {
+            let total: usize = state.sessions.values().map(|c| c.bytes).sum();
+            if total <= self.budget {
+                return;
+            }
+            let victim = state
+                .sessions
+                .iter()
+                .filter(|(id, _)| id.as_str() != session)
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(id, _)| id.clone())
+                .unwrap_or_else(|| session.to_owned());
+            state.sessions.remove(&victim);
+        }
+    }
+}
+
+/// The session's totals and postings for `term_keys`, read from every
+/// term vector of the session: for sessions too large to cache.
+fn read_postings(
+    trees: &crate::writer::Trees,
+    session: &str,
+    term_keys: &[u32],
+) -> Result<(CorpusStats, Vec<Vec<Posting>>), StoreError> {
+    let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); term_keys.len()];
+    let mut totals = CorpusStats::default();
+    for entry in trees.terms.scan_prefix(keys::session_prefix(session)) {
+        let (key, value) = entry.map_err(StoreError::engine)?;
+        let (length, frequencies) = record::term_frequencies(&key, &value, term_keys)?;
+        let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
+            return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
+        };
+        totals.spans += 1;
+        totals.total_length += u64::from(length);
+        for (holders, frequency) in postings.iter_mut().zip(frequencies) {
+            if frequency > 0 {
+                holders.push(Posting {
+                    span_id,
+                    frequency,
+                    length,
+                });
+            }
+        }
+    }
+    Ok((totals, postings))
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_drops_the_least_recently_searched_first() {
+        let cache = IndexCache::new(100);
+        for (id, bytes) in [("a", 40), ("b", 40)] {
+            lock(&cache.state).sessions.insert(
+                id.into(),
+                Cached {
+                    index: Arc::default(),
+                    last_used: if id == "a" { 1 } else { 2 },
+                    bytes,
+                    oversize: false,
+                },
+            );
+        }
+        lock(&cache.state).sessions.insert(
+            "c".into(),
+            Cached {
+                index: Arc::default(),
+                last_used: 3,
+                bytes: 0,
+                oversize: false,
+            },
+        );
+        cache.settle("c", 40);
+        let mut left: Vec<String> = lock(&cache.state).sessions.keys().cloned().collect();
+        left.sort();
+        assert_eq!(left, ["b", "c"]);
+        // A session larger than the budget is not kept.
+        cache.settle("c", 500);
+        assert!(lock(&cache.state).sessions.is_empty());
+    }
 }

@@ -110,6 +110,7 @@ impl Store {
                 next: next_seq,
             },
             sessions,
+            options.search_cache_bytes,
         ));
         let max_batch = options.max_batch.max(1);
         let (queue, rx) = mpsc::channel(max_batch.saturating_mul(2));
@@ -414,6 +415,10 @@ impl Store {
 
     /// The engine's trees, for reads that live in other modules (the
     /// session transfer).
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
     pub(crate) fn trees(&self) -> &Trees {
         &self.inner.trees
     }

@@ -546,6 +546,7 @@ pub(crate) fn stage_import(
         }
     }
     effects.sessions += 1;
+    effects.reset.push(id);
     Ok(WriteAck::default())
 }
 

@@ -33,6 +33,7 @@ use crate::model::{
     SessionRecord, StoreStats, WriteAck, WriteOp,
 };
 use crate::record;
+use crate::search::IndexCache;
 
 /// The most old markers one batch removes, so that lowering the retention
 /// of a large log does not turn one batch into a huge transaction; the
@@ -103,11 +104,14 @@ pub(crate) struct Shared {
     pub(crate) flushes: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) hook_panics: AtomicU64,
+    /// Postings of recently searched sessions.
+    pub(crate) search: IndexCache,
 }
 
 impl Shared {
-    pub(crate) fn new(bounds: MarkerBounds, sessions: u64) -> Shared {
+    pub(crate) fn new(bounds: MarkerBounds, sessions: u64, search_cache_bytes: usize) -> Shared {
         Shared {
+            search: IndexCache::new(search_cache_bytes),
             bounds: Mutex::new(bounds),
             sessions: AtomicU64::new(sessions),
             snapshot: RwLock::new(()),
@@ -243,6 +247,7 @@ impl Writer {
         let mut next_seq = self.next_seq;
         let mut sessions = self.sessions;
         let mut markers = Vec::new();
+        let mut reset = Vec::new();
         let mut accepted = Vec::with_capacity(batch.len());
         for request in batch {
             let mut effects = Effects::default();
@@ -251,6 +256,7 @@ impl Writer {
                     stage.keep();
                     next_seq += effects.markers.len() as u64;
                     markers.append(&mut effects.markers);
+                    reset.append(&mut effects.reset);
                     sessions = sessions.saturating_add_signed(effects.sessions);
                     accepted.push((request.ack, ack));
                 }
@@ -306,7 +312,13 @@ impl Writer {
                 .snapshot
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            transact(&self.trees, &writes)
+            let applied = transact(&self.trees, &writes);
+            // Under the exclusive hold, so no search sees the new state
+            // with the old postings.
+            for id in &reset {
+                shared.search.forget(id);
+            }
+            applied
         };
         if let Err(err) = applied {
             for (ack, _) in accepted {
@@ -708,6 +720,8 @@ impl<'a> Stage<'a> {
 pub(crate) struct Effects {
     markers: Vec<Marker>,
     pub(crate) sessions: i64,
+    /// Sessions deleted or created whole: their cached postings go.
+    pub(crate) reset: Vec<String>,
 }
 
 fn invalid(session: &str, detail: String) -> StoreError {
@@ -978,6 +992,7 @@ fn apply(
             }
             stage.del(TreeId::Sessions, key);
             effects.sessions -= 1;
+            effects.reset.push(id.clone());
             Ok(WriteAck {
                 marker_seq: None,
                 spans_deleted,

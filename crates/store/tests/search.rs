@@ -246,3 +246,47 @@ async fn an_imported_session_is_searchable() {
         ids(&store, "s", &query("src writer prod lunch"))
     );
 }
+
+#[tokio::test]
+async fn a_session_too_large_to_cache_is_searched_the_same() {
+    let cached_dir = tempdir();
+    let cached = Store::open(cached_dir.path(), StoreOptions::default()).unwrap();
+    populated(&cached).await;
+    let bare_dir = tempdir();
+    let bare = Store::open(
+        bare_dir.path(),
+        StoreOptions {
+            search_cache_bytes: 0,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    populated(&bare).await;
+    for text in [
+        "E0308",
+        "src/store/writer.rs",
+        "summary",
+        "src writer prod lunch",
+    ] {
+        let want = cached.search("s", &query(text)).unwrap();
+        // Twice: the first search finds the session too large, the second
+        // goes straight to the term vectors.
+        for _ in 0..2 {
+            let got = bare.search("s", &query(text)).unwrap();
+            assert_eq!(got, want, "{text}");
+        }
+    }
+    // Spans stored after a cached search are found by the next one.
+    let mut s = Session::new("t");
+    cached.write(s.create()).await.unwrap();
+    cached
+        .write(s.admit(vec![span(1, "first words")]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&cached, "t", &query("words")), [1]);
+    cached
+        .write(s.admit(vec![span(2, "more words")]))
+        .await
+        .unwrap();
+    assert_eq!(ids(&cached, "t", &query("words")), [2, 1]);
+}
