@@ -52,6 +52,16 @@ impl TreeId {
         TreeId::Terms,
     ];
 
+    /// The trees keyed by session prefix: what a session owns besides its
+    /// record.
+    pub(crate) const PER_SESSION: [TreeId; 5] = [
+        TreeId::Spans,
+        TreeId::Pins,
+        TreeId::Archive,
+        TreeId::Keys,
+        TreeId::Terms,
+    ];
+
     /// The tree's name on disk and in errors.
     pub(crate) fn name(self) -> &'static str {
         match self {

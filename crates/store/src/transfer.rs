@@ -505,13 +505,7 @@ pub(crate) fn stage_import(
         return Err(StoreError::SessionExists { id });
     }
     let prefix = keys::session_prefix(&id);
-    for tree in [
-        TreeId::Spans,
-        TreeId::Pins,
-        TreeId::Archive,
-        TreeId::Keys,
-        TreeId::Terms,
-    ] {
+    for tree in TreeId::PER_SESSION {
         if let Some(key) = stage.scan_keys(tree, &prefix)?.first() {
             return Err(StoreError::InvalidWrite {
                 session: id.clone(),

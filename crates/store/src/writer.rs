@@ -976,13 +976,7 @@ fn apply(
             }
             let prefix = keys::session_prefix(&id);
             let mut spans_deleted = 0;
-            for tree in [
-                TreeId::Spans,
-                TreeId::Pins,
-                TreeId::Archive,
-                TreeId::Keys,
-                TreeId::Terms,
-            ] {
+            for tree in TreeId::PER_SESSION {
                 for key in stage.scan_keys(tree, &prefix)? {
                     if matches!(tree, TreeId::Spans | TreeId::Archive) {
                         spans_deleted += 1;

@@ -253,16 +253,8 @@ class Broker:
 
     def list_sessions(self, page_size: int = 100) -> Iterator[pb.Session]:
         """Every session, in id order, fetching page by page."""
-        token = ""
-        while True:
-            reply = self._call(
-                self.stub.ListSessions,
-                pb.ListSessionsRequest(page_size=page_size, page_token=token),
-            )
-            yield from reply.sessions
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.ListSessionsRequest(page_size=page_size)
+        return self._pages(self.stub.ListSessions, request, "sessions")
 
     def delete_session(self, session_id: str) -> int:
         """Deletes a session; returns the spans deleted."""
@@ -317,22 +309,10 @@ class Broker:
             to_turn=to_turn,
             state=state,
         )
-        token = ""
-        while True:
-            reply = self._call(
-                self.stub.SearchSpans,
-                pb.SearchSpansRequest(
-                    session_id=session_id,
-                    query=query,
-                    filter=span_filter,
-                    page_size=page_size,
-                    page_token=token,
-                ),
-            )
-            yield from reply.hits
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.SearchSpansRequest(
+            session_id=session_id, query=query, filter=span_filter, page_size=page_size
+        )
+        return self._pages(self.stub.SearchSpans, request, "hits")
 
     def list_spans(
         self,
@@ -346,21 +326,19 @@ class Broker:
         """Spans of the session, live and archived, in id order, within
         the turn range, fetching page by page."""
         span_filter = pb.SpanFilter(from_turn=from_turn, to_turn=to_turn, state=state)
-        token = ""
+        request = pb.ListSpansRequest(
+            session_id=session_id, filter=span_filter, page_size=page_size
+        )
+        return self._pages(self.stub.ListSpans, request, "spans")
+
+    def _pages(self, method, request, field: str) -> Iterator:
+        """Every item of `field` over the pages of a paged call."""
         while True:
-            reply = self._call(
-                self.stub.ListSpans,
-                pb.ListSpansRequest(
-                    session_id=session_id,
-                    filter=span_filter,
-                    page_size=page_size,
-                    page_token=token,
-                ),
-            )
-            yield from reply.spans
-            token = reply.next_page_token
-            if not token:
+            reply = self._call(method, request)
+            yield from getattr(reply, field)
+            if not reply.next_page_token:
                 return
+            request.page_token = reply.next_page_token
 
     # Compaction the caller steers -----------------------------------------
 
