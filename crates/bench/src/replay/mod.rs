@@ -1,9 +1,11 @@
 //! `replay`: one long-horizon trace replayed through three compaction
-//! policies, and what each one loses.
+//! policies, and what each one loses; with `--unlabelled`, a second trace
+//! whose constraints are phrased as users phrase them, replayed through
+//! ctxbroker with the classes withheld.
 //!
 //! ```text
 //! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W]
-//!                        [--csv PATH] [--per-session]
+//!                        [--csv PATH] [--per-session] [--unlabelled]
 //! ```
 //!
 //! Everything runs in this process on core's pure policy, with simulated
@@ -34,7 +36,37 @@
 //! (a pool of 24), each phase working on 7 paths and 3 errors; no other
 //! paths or error lines occur, and no text but the constraints expresses a
 //! modality. Every turn is one span, counted once with the real
-//! `o200k_base` tokenizer; all three policies see the same counts.
+//! `o200k_base` tokenizer; all policies see the same counts.
+//!
+//! # The unlabelled trace (`--unlabelled`)
+//!
+//! The six constraints above use the words the classifier rules look for
+//! ("never", "do not", "always", "use only", "correction:"). The
+//! unlabelled trace takes its user phrasings from the labelled data's
+//! held-out split instead (`crates/core/data/classify/heldout.jsonl`,
+//! read at run time): its user-role `constraint` spans (bans as noun
+//! phrases, format rules, conditional rules, scoped preferences, rules
+//! buried in a long message, other languages, …) are the session's
+//! constraints, and its user-role narrative spans of the categories
+//! question, step_local, transient_hold, reported_speech, task_request,
+//! user_pasted_output, acknowledgement and plain_narrative are distractor
+//! user turns. Both are dealt to the run's sessions by the seed, one
+//! category at a time in turn, the `j`-th span to session `j mod
+//! sessions`, so every span goes to exactly one session. A session states
+//! its constraints verbatim at distinct turns within its first q =
+//! max(12, turns/4) turns (on at most a third of them), and its
+//! distractors at distinct other turns anywhere after the first (at most
+//! a tenth of all turns); the rest of the trace is written as above, by
+//! the same generator from the same seed (the user turns displace work
+//! turns, so its tool outputs, bursts and idle gaps are other draws of the
+//! same distributions). Over the default run every held-out user
+//! constraint (182, twelve categories) is stated exactly once and every
+//! distractor (144, eight categories) occurs exactly once; a shorter run
+//! states a prefix of each session's share, which together hold every
+//! category as soon as the run states twelve constraints and eight
+//! distractors. No turn but the one stating it contains a constraint's
+//! text. A session's unlabelled trace depends on the seed, its index, the
+//! number of sessions, `turns` and W.
 //!
 //! # The policies
 //!
@@ -54,28 +86,40 @@
 //!   lost.
 //! - **(c) ctxbroker**: core's `Session` with the daemon's defaults
 //!   (`SessionConfig::with_window(W)`: α = 0.85, soft watermark 0.9,
-//!   relevance floor 0.05, trigger TOKEN_BUDGET, rule classifier, at most
-//!   3 summary generations, anchor policy REQUIRE, mode AUTO), driven as
-//!   the daemon drives it: every turn classified by the rules,
-//!   constraints pinned with derived predicates, `Session::admit`
-//!   compacting at admission by the token budget with verification, and
-//!   the soft-watermark pre-compaction the daemon queues after an
-//!   admission run right after it (same simulated time). Every 90 s the
-//!   session is also offered its background work (pre-compaction and
-//!   staleness guard), which it must decline while idle. A refused turn
-//!   is lost.
+//!   relevance floor 0.05, trigger TOKEN_BUDGET, classifier MODEL, at
+//!   most 3 summary generations, anchor policy REQUIRE, mode AUTO),
+//!   driven as the daemon drives it for a caller that labels its turns:
+//!   every turn is classified by the rules and the class is given as the
+//!   caller's (SPAN_CLASS_CONSTRAINT with a derived predicate, or
+//!   SPAN_CLASS_NARRATIVE), so the session keeps it and its classifier
+//!   decides nothing; `Session::admit` compacts at admission by the token
+//!   budget with verification, and the soft-watermark pre-compaction the
+//!   daemon queues after an admission runs right after it (same simulated
+//!   time). Every 90 s the session is also offered its background work
+//!   (pre-compaction and staleness guard), which it must decline while
+//!   idle. A refused turn is lost.
+//! - **(d) ctxbroker, unlabelled** (`--unlabelled`): the same session,
+//!   configuration and driver on the unlabelled trace, every turn sent
+//!   with SPAN_CLASS_UNSPECIFIED: as the daemon does for such a span, a
+//!   user or system turn is handed to the session as unclassified
+//!   narrative and a tool or assistant turn as narrative by role, and the
+//!   session settles the class at admission under its classifier mode
+//!   (MODEL): pinned, in the standing-instructions tier (Protected), or
+//!   narrative.
 //!
-//! All three summarise with core's summariser (an anchors block, then the
-//! most salient sentences; a summary's sentences are not summarised again,
-//! its anchors are carried), within the session's summary cap (budget/8,
-//! at most 4,096 tokens); the baselines have no generation cap. Policy (a)
-//! gives prose up to a quarter of what it replaces (the rule of core's
-//! staleness compaction); (b) and (c) use the planner's rule.
+//! All of them summarise with core's summariser (an anchors block, then
+//! the most salient sentences; a summary's sentences are not summarised
+//! again, its anchors are carried), within the session's summary cap
+//! (budget/8, at most 4,096 tokens); the baselines have no generation
+//! cap. Policy (a) gives prose up to a quarter of what it replaces (the
+//! rule of core's staleness compaction); (b), (c) and (d) use the
+//! planner's rule.
 //!
 //! # The columns
 //!
 //! - **turns lost to overflow**: turns that never entered the live
-//!   context; (a) and (b): live + turn > W; (c): refused by the session.
+//!   context; (a) and (b): live + turn > W; (c) and (d): refused by the
+//!   session.
 //! - **compactions** and **compactions while idle**: committed
 //!   compactions; one is idle when no turn arrived since the previous
 //!   compaction of the session (or since its start).
@@ -85,25 +129,52 @@
 //!   appear in tool outputs, those that appear verbatim in no live span
 //!   (originals and summaries) at the end of the session.
 //! - **constraints lost**: constraints that, at some check after they were
-//!   stated, no unit of the live context held. A unit is a line, or a part
-//!   of a line between ` | `; it holds a constraint when it contains each
-//!   of the constraint's terms (core's whole-word match) and expresses its
-//!   modality (core's classifier rules). Checks run after every
-//!   compaction and at the end: only a compaction removes text, and no
-//!   other text of the trace expresses a modality, so a constraint missing
-//!   once stays missing — from then on the agent works without it.
+//!   stated, nothing in the live context held. On the labelled trace, a
+//!   unit of live text holds a constraint when it contains each of the
+//!   constraint's terms (core's whole-word match) and expresses its
+//!   modality (core's classifier rules); a unit is a line, or a part of a
+//!   line between ` | `. On the unlabelled trace, where most phrasings
+//!   have no modal phrase, a live span holds a constraint when its text
+//!   contains the constraint's text exactly as stated (byte for byte).
+//!   The span that stated it holds it while it is live: pinned (unless
+//!   compressed to make room, which changes its text, so the constraint
+//!   counts as lost), protected (until the tier evicts it) or narrative
+//!   (until it is evicted); a summary holds it when it quotes the whole
+//!   text. Checks run after every compaction and at the end:
+//!   only a compaction removes text, and no other turn of the trace
+//!   expresses a template constraint or contains a held-out one, so a
+//!   constraint missing once stays missing — from then on the agent works
+//!   without it.
+//! - **constraint recall**: for (c) and (d), the constraints the session
+//!   admitted pinned or in the standing-instructions tier (the class it
+//!   gave the turn at admission; a refused turn is not kept), over the
+//!   constraints stated. For (c) it is every constraint by construction.
+//!   (a) and (b) classify nothing: "—".
+//! - **false pins**: for (d), the held-out distractor turns the session
+//!   admitted pinned or in the tier, over the distractors offered; "—"
+//!   where the trace has none or the policy classifies nothing. Below the
+//!   table, the trace's own task turns (user turns that open a phase,
+//!   narrative by construction) pinned or in the tier are counted the same
+//!   way for (c) and (d).
 //! - **live-token peak vs W**: the most live tokens at any moment.
 //!
 //! Counts are summed over sessions; the generation and the peak are
-//! maxima. The CSV has one row per admission, lost turn and compaction:
+//! maxima. With `--unlabelled`, the table is followed by row (d) by
+//! held-out category (constraints stated, kept, lost; distractors offered
+//! and pinned) and the ids of the constraints it lost or did not keep and
+//! of the distractors it pinned. The CSV has one row per admission, lost
+//! turn and compaction:
 //! `policy,session,t_s,live_tokens,demand_tokens,window_tokens,event,summary_generation`
-//! with `event` one of `admit`, `lost`, `compact`, `compact_idle`;
-//! `demand_tokens` is live + the turn when it arrived. The script
-//! `crates/bench/plot_replay.py` draws it.
+//! with `policy` one of `cadence`, `relevance`, `ctxbroker`,
+//! `ctxbroker_unlabelled`, `event` one of `admit`, `lost`, `compact`,
+//! `compact_idle`; `demand_tokens` is live + the turn when it arrived.
+//! The script `crates/bench/plot_replay.py` draws the first three.
 
+mod heldout;
 mod policy;
 mod trace;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -112,6 +183,7 @@ use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::tokens;
 
 use crate::common::Failure;
+use trace::Phrasing;
 
 /// The run's parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,6 +200,9 @@ pub struct Options {
     pub csv: Option<PathBuf>,
     /// Also print one row per policy and session.
     pub per_session: bool,
+    /// Also replay the unlabelled trace through ctxbroker, classes
+    /// withheld.
+    pub unlabelled: bool,
 }
 
 impl Default for Options {
@@ -139,11 +214,12 @@ impl Default for Options {
             window: 200_000,
             csv: None,
             per_session: false,
+            unlabelled: false,
         }
     }
 }
 
-const USAGE: &str = "usage: ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session]";
+const USAGE: &str = "usage: ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session] [--unlabelled]";
 
 impl Options {
     /// Parses the flags after `replay`.
@@ -153,6 +229,10 @@ impl Options {
         while let Some(flag) = it.next() {
             if flag == "--per-session" {
                 o.per_session = true;
+                continue;
+            }
+            if flag == "--unlabelled" {
+                o.unlabelled = true;
                 continue;
             }
             let Some(value) = it.next() else {
@@ -189,12 +269,14 @@ pub enum PolicyKind {
     Cadence,
     /// (b) At admission, evict by relevance alone.
     Relevance,
-    /// (c) ctxbroker's session.
+    /// (c) ctxbroker's session, every turn's class given by the caller.
     Broker,
+    /// (d) ctxbroker's session on the unlabelled trace, no class given.
+    Unlabelled,
 }
 
 impl PolicyKind {
-    /// The three, in table order.
+    /// The three replayed on the labelled trace, in table order.
     pub const ALL: [PolicyKind; 3] = [
         PolicyKind::Cadence,
         PolicyKind::Relevance,
@@ -207,6 +289,7 @@ impl PolicyKind {
             PolicyKind::Cadence => "(a) 90 s cadence, oldest 60%",
             PolicyKind::Relevance => "(b) relevance-only eviction",
             PolicyKind::Broker => "(c) ctxbroker",
+            PolicyKind::Unlabelled => "(d) ctxbroker, unlabelled",
         }
     }
 
@@ -216,6 +299,7 @@ impl PolicyKind {
             PolicyKind::Cadence => "cadence",
             PolicyKind::Relevance => "relevance",
             PolicyKind::Broker => "ctxbroker",
+            PolicyKind::Unlabelled => "ctxbroker_unlabelled",
         }
     }
 }
@@ -245,6 +329,26 @@ pub struct Stats {
     pub anchors: u64,
     /// Tracked anchors in no live span at the end.
     pub anchors_lost: u64,
+    /// Whether the policy classifies what it admits (only then are the
+    /// classes below measured).
+    pub classifies: bool,
+    /// Constraints admitted pinned or in the standing-instructions tier.
+    pub constraints_kept: u64,
+    /// Held-out distractors offered.
+    pub distractors: u64,
+    /// Held-out distractors admitted pinned or in the tier.
+    pub false_pins: u64,
+    /// The trace's own task turns offered.
+    pub tasks: u64,
+    /// Task turns admitted pinned or in the tier.
+    pub task_pins: u64,
+    /// (category, id) of the held-out constraints lost.
+    pub lost: Vec<(String, String)>,
+    /// (category, id) of the held-out constraints admitted as narrative
+    /// (or refused).
+    pub not_kept: Vec<(String, String)>,
+    /// (category, id) of the held-out distractors pinned or in the tier.
+    pub false_pinned: Vec<(String, String)>,
 }
 
 impl Stats {
@@ -260,6 +364,15 @@ impl Stats {
         self.constraints_lost += o.constraints_lost;
         self.anchors += o.anchors;
         self.anchors_lost += o.anchors_lost;
+        self.classifies |= o.classifies;
+        self.constraints_kept += o.constraints_kept;
+        self.distractors += o.distractors;
+        self.false_pins += o.false_pins;
+        self.tasks += o.tasks;
+        self.task_pins += o.task_pins;
+        self.lost.extend(o.lost.iter().cloned());
+        self.not_kept.extend(o.not_kept.iter().cloned());
+        self.false_pinned.extend(o.false_pinned.iter().cloned());
     }
 }
 
@@ -319,8 +432,41 @@ pub struct SessionReport {
     pub burst_range: (u32, u32),
     /// Idle gaps.
     pub idle_gaps: usize,
-    /// Per policy, in [`PolicyKind::ALL`] order: measurements and series.
+    /// The unlabelled trace's shape, when it was replayed.
+    pub unlabelled: Option<UnlabelledShape>,
+    /// Per policy, in [`PolicyKind::ALL`] order, then
+    /// [`PolicyKind::Unlabelled`] when it was replayed: measurements and
+    /// series.
     pub results: Vec<(PolicyKind, Stats, Vec<Point>)>,
+}
+
+/// What one session's unlabelled trace held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnlabelledShape {
+    /// Tokens of all its turns.
+    pub tokens: u64,
+    /// Burst outputs.
+    pub burst_outputs: usize,
+    /// Idle gaps.
+    pub idle_gaps: usize,
+    /// Held-out constraints stated, by category.
+    pub constraints: BTreeMap<String, u64>,
+    /// Held-out distractors offered, by category.
+    pub distractors: BTreeMap<String, u64>,
+}
+
+impl UnlabelledShape {
+    fn add(&mut self, o: &UnlabelledShape) {
+        self.tokens += o.tokens;
+        self.burst_outputs += o.burst_outputs;
+        self.idle_gaps += o.idle_gaps;
+        for (c, n) in &o.constraints {
+            *self.constraints.entry(c.clone()).or_default() += n;
+        }
+        for (c, n) in &o.distractors {
+            *self.distractors.entry(c.clone()).or_default() += n;
+        }
+    }
 }
 
 /// A whole run.
@@ -330,6 +476,9 @@ pub struct Report {
     pub options: Options,
     /// Per session.
     pub sessions: Vec<SessionReport>,
+    /// With the unlabelled trace: the held-out split's user constraints
+    /// and distractors.
+    pub held_out: Option<(usize, usize)>,
 }
 
 impl Report {
@@ -346,9 +495,20 @@ impl Report {
         }
         sum
     }
+
+    /// The unlabelled traces' shape summed over sessions, when replayed.
+    pub fn unlabelled_shape(&self) -> Option<UnlabelledShape> {
+        let mut sum: Option<UnlabelledShape> = None;
+        for shape in self.sessions.iter().filter_map(|s| s.unlabelled.as_ref()) {
+            sum.get_or_insert_with(UnlabelledShape::default).add(shape);
+        }
+        sum
+    }
 }
 
-/// Generates the trace and replays it through the three policies.
+/// Generates the trace and replays it through the three policies; with
+/// `unlabelled`, also generates the unlabelled trace and replays it
+/// through ctxbroker with no class given.
 pub fn run(options: &Options) -> Result<Report, Failure> {
     let config = SessionConfig::with_window(options.window);
     if let Err(bad) = config.validate() {
@@ -358,6 +518,11 @@ pub fn run(options: &Options) -> Result<Report, Failure> {
             .collect();
         return Err(format!("--window {}: {}", options.window, text.join("; ")).into());
     }
+    let deal = if options.unlabelled {
+        Some(heldout::load_and_deal(options.seed, options.sessions)?)
+    } else {
+        None
+    };
     let counter = tokens::counter(TokenizerKind::O200kBase);
     tokens::warm_up(TokenizerKind::O200kBase);
     let mut sessions = Vec::with_capacity(options.sessions);
@@ -369,6 +534,7 @@ pub fn run(options: &Options) -> Result<Report, Failure> {
             options.turns,
             options.window,
             counter,
+            Phrasing::Templates,
         );
         eprintln!(
             "session {session}: trace generated and counted in {:.1} s",
@@ -385,6 +551,54 @@ pub fn run(options: &Options) -> Result<Report, Failure> {
             );
             results.push((kind, stats, points));
         }
+        let mut unlabelled = None;
+        if let Some(deal) = &deal {
+            let share = deal
+                .shares
+                .get(session)
+                .ok_or_else(|| format!("no held-out share for session {session}"))?;
+            let started = Instant::now();
+            let trace = trace::generate(
+                options.seed,
+                session,
+                options.turns,
+                options.window,
+                counter,
+                Phrasing::HeldOut(share),
+            );
+            eprintln!(
+                "session {session}: unlabelled trace generated and counted in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            let started = Instant::now();
+            let kind = PolicyKind::Unlabelled;
+            let (stats, points) = policy::replay(kind, &trace, &config, counter, session);
+            eprintln!(
+                "session {session}: {} replayed in {:.1} s",
+                kind.key(),
+                started.elapsed().as_secs_f64()
+            );
+            results.push((kind, stats, points));
+            let mut shape = UnlabelledShape {
+                tokens: trace.tokens(),
+                burst_outputs: trace.burst_outputs,
+                idle_gaps: trace.idle_gaps,
+                ..UnlabelledShape::default()
+            };
+            for source in trace.constraints.iter().filter_map(|c| c.source.as_ref()) {
+                *shape
+                    .constraints
+                    .entry(source.category.clone())
+                    .or_default() += 1;
+            }
+            for source in &trace.distractors {
+                *shape
+                    .distractors
+                    .entry(source.category.clone())
+                    .or_default() += 1;
+            }
+            unlabelled = Some(shape);
+        }
         sessions.push(SessionReport {
             session,
             tokens: trace.tokens(),
@@ -393,12 +607,14 @@ pub fn run(options: &Options) -> Result<Report, Failure> {
             burst_outputs: trace.burst_outputs,
             burst_range: trace.burst_range(),
             idle_gaps: trace.idle_gaps,
+            unlabelled,
             results,
         });
     }
     Ok(Report {
         options: options.clone(),
         sessions,
+        held_out: deal.map(|d| (d.constraints, d.distractors)),
     })
 }
 
@@ -421,8 +637,22 @@ fn row(label: &str, s: &Stats) -> String {
     } else {
         100.0 * s.peak_live as f64 / s.window as f64
     };
+    let recall = if s.classifies {
+        format!(
+            "{} / {}",
+            grouped(s.constraints_kept),
+            grouped(s.constraints)
+        )
+    } else {
+        "—".to_owned()
+    };
+    let false_pins = if s.classifies && s.distractors > 0 {
+        format!("{} / {}", grouped(s.false_pins), grouped(s.distractors))
+    } else {
+        "—".to_owned()
+    };
     format!(
-        "| {label} | {} / {} | {} | {} | {} | {} / {} | {} / {} | {} / {} ({share:.1}%) |",
+        "| {label} | {} / {} | {} | {} | {} | {} / {} | {} / {} | {recall} | {false_pins} | {} / {} ({share:.1}%) |",
         grouped(s.turns_lost),
         grouped(s.turns),
         grouped(s.compactions),
@@ -430,14 +660,23 @@ fn row(label: &str, s: &Stats) -> String {
         s.max_generation,
         grouped(s.anchors_lost),
         grouped(s.anchors),
-        s.constraints_lost,
-        s.constraints,
+        grouped(s.constraints_lost),
+        grouped(s.constraints),
         grouped(s.peak_live),
         grouped(s.window),
     )
 }
 
-const HEADER: &str = "| policy | turns lost to overflow | compactions | compactions while idle | max summary generation | anchors lost | constraints lost | live-token peak vs W |\n|---|---|---|---|---|---|---|---|";
+const HEADER: &str = "| policy | turns lost to overflow | compactions | compactions while idle | max summary generation | anchors lost | constraints lost | constraint recall | false pins | live-token peak vs W |\n|---|---|---|---|---|---|---|---|---|---|";
+
+/// The kinds replayed in a run, in table order.
+fn kinds(report: &Report) -> Vec<PolicyKind> {
+    let mut kinds = PolicyKind::ALL.to_vec();
+    if report.held_out.is_some() {
+        kinds.push(PolicyKind::Unlabelled);
+    }
+    kinds
+}
 
 /// The report as markdown: what the trace held, then the table.
 pub fn render(report: &Report) -> String {
@@ -467,7 +706,7 @@ pub fn render(report: &Report) -> String {
         .max()
         .unwrap_or(0);
     let mut out = format!(
-        "Trace: seed {}, {} session(s) x {} turns, W = {}; {} tokens offered; {hours:.1} h of simulated time per session on average; {bursts} burst outputs of {}–{} tokens in {episodes} episodes; {idle} idle gaps.\n\n{HEADER}\n",
+        "Trace: seed {}, {} session(s) x {} turns, W = {}; {} tokens offered; {hours:.1} h of simulated time per session on average; {bursts} burst outputs of {}–{} tokens in {episodes} episodes; {idle} idle gaps.\n",
         o.seed,
         o.sessions,
         grouped(o.turns as u64),
@@ -476,9 +715,26 @@ pub fn render(report: &Report) -> String {
         grouped(u64::from(smallest)),
         grouped(u64::from(largest)),
     );
-    for kind in PolicyKind::ALL {
+    let shape = report.unlabelled_shape();
+    if let (Some(shape), Some((constraints, distractors))) = (&shape, report.held_out) {
+        let stated: u64 = shape.constraints.values().sum();
+        let offered: u64 = shape.distractors.values().sum();
+        out.push_str(&format!(
+            "Unlabelled trace (row (d)): the same generator, seed and sizes, with the user's constraints and distractor turns taken verbatim from the held-out split: {stated} of its {constraints} user constraints stated ({} categories), {offered} of its {distractors} distractors offered ({} categories); {} tokens offered; {} burst outputs; {} idle gaps.\n",
+            shape.constraints.len(),
+            shape.distractors.len(),
+            grouped(shape.tokens),
+            shape.burst_outputs,
+            shape.idle_gaps,
+        ));
+    }
+    out.push_str(&format!("\n{HEADER}\n"));
+    for kind in kinds(report) {
         out.push_str(&row(kind.label(), &report.totals(kind)));
         out.push('\n');
+    }
+    if let Some(shape) = &shape {
+        unlabelled_details(report, shape, &mut out);
     }
     if o.per_session {
         out.push_str(&format!(
@@ -493,6 +749,51 @@ pub fn render(report: &Report) -> String {
         }
     }
     out
+}
+
+/// Row (d) by held-out category, the ids it lost and pinned wrongly, and
+/// the trace's own task turns pinned under each classifying row.
+fn unlabelled_details(report: &Report, shape: &UnlabelledShape, out: &mut String) {
+    let d = report.totals(PolicyKind::Unlabelled);
+    let count = |list: &[(String, String)], category: &str| {
+        list.iter().filter(|(c, _)| c == category).count()
+    };
+    out.push_str("\nRow (d) by held-out category:\n\n| constraint category | stated | kept by the classifier | lost |\n|---|---|---|---|\n");
+    for (category, stated) in &shape.constraints {
+        let missed = count(&d.not_kept, category) as u64;
+        out.push_str(&format!(
+            "| {category} | {stated} | {} | {} |\n",
+            stated.saturating_sub(missed),
+            count(&d.lost, category)
+        ));
+    }
+    out.push_str("\n| distractor category | offered | pinned or in the tier |\n|---|---|---|\n");
+    for (category, offered) in &shape.distractors {
+        out.push_str(&format!(
+            "| {category} | {offered} | {} |\n",
+            count(&d.false_pinned, category)
+        ));
+    }
+    let ids = |list: &[(String, String)]| {
+        if list.is_empty() {
+            "none".to_owned()
+        } else {
+            let mut ids: Vec<String> = list.iter().map(|(c, id)| format!("{id} ({c})")).collect();
+            ids.sort();
+            ids.join(", ")
+        }
+    };
+    out.push_str(&format!(
+        "\nRow (d): constraints lost: {}.\nRow (d): constraints not kept at admission: {}.\nRow (d): distractors pinned or in the tier: {}.\n",
+        ids(&d.lost),
+        ids(&d.not_kept),
+        ids(&d.false_pinned),
+    ));
+    let c = report.totals(PolicyKind::Broker);
+    out.push_str(&format!(
+        "Task turns of the trace (user, narrative by construction) pinned or in the tier: (c) {} / {}, (d) {} / {}.\n",
+        c.task_pins, c.tasks, d.task_pins, d.tasks
+    ));
 }
 
 /// Writes the series of every policy and session as CSV.
@@ -560,9 +861,10 @@ mod tests {
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
         let o = Options::parse(&args("--seed 9 --turns 50 --per-session")).unwrap();
         assert_eq!(
-            (o.seed, o.turns, o.sessions, o.per_session),
-            (9, 50, 3, true)
+            (o.seed, o.turns, o.sessions, o.per_session, o.unlabelled),
+            (9, 50, 3, true, false)
         );
+        assert!(Options::parse(&args("--unlabelled")).unwrap().unlabelled);
         assert!(Options::parse(&args("--turns")).is_err());
         assert!(Options::parse(&args("--turns x")).is_err());
         assert!(Options::parse(&args("--turns 3")).is_err());

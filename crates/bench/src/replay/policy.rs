@@ -1,6 +1,6 @@
-//! The three policies a trace is replayed through, and the measurements
-//! they share (one [`Recorder`], so every column is measured the same way
-//! for all three).
+//! The policies a trace is replayed through, and the measurements they
+//! share (one [`Recorder`], so every column is measured the same way for
+//! all of them).
 
 use std::collections::HashMap;
 
@@ -10,10 +10,10 @@ use ctxbroker_core::marker::Outcome;
 use ctxbroker_core::planner::{self, PlanInput, SummaryRoom, SummarySlot, write_summary};
 use ctxbroker_core::predicate::{self, contains_term, expresses};
 use ctxbroker_core::session::{Change, Incoming, Rejection, Session};
-use ctxbroker_core::span::{ClassSource, Classification, Span, SpanClass, SpanId};
+use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass, SpanId};
 use ctxbroker_core::tokens::TokenCounter;
 
-use super::trace::{Constraint, Trace, Turn};
+use super::trace::{Constraint, Hold, Trace, Turn, TurnKind};
 use super::{Event, Point, PolicyKind, Stats};
 
 /// The cadence of policy (a).
@@ -33,7 +33,15 @@ pub(crate) fn replay(
     let spans = match kind {
         PolicyKind::Cadence => cadence(trace, &baseline_config(config), counter, &mut rec),
         PolicyKind::Relevance => relevance(trace, &baseline_config(config), counter, &mut rec),
-        PolicyKind::Broker => broker(trace, config, counter, &mut rec, session),
+        PolicyKind::Broker => broker(trace, config, counter, &mut rec, session, Labels::Caller),
+        PolicyKind::Unlabelled => broker(
+            trace,
+            config,
+            counter,
+            &mut rec,
+            session,
+            Labels::Unspecified,
+        ),
     };
     rec.finish(&spans);
     (rec.stats, rec.points)
@@ -235,13 +243,58 @@ fn relevance(
     spans
 }
 
-/// (c) ctxbroker: core's `Session`, driven the way the daemon drives it.
-/// Each turn is classified by the rules (the caller leaves the class
-/// unspecified), constraints get derived predicates, and `Session::admit`
-/// compacts at admission by the token budget with class pinning and
-/// verification. When live ends above the soft watermark, the background
-/// pre-compaction the daemon queues runs right after, at the same
-/// simulated time. A refused turn is lost.
+/// How the driver of ctxbroker's session labels a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Labels {
+    /// As a caller that classifies every turn by the rules and sends the
+    /// class (SPAN_CLASS_CONSTRAINT with a derived predicate, or
+    /// SPAN_CLASS_NARRATIVE): the session keeps it.
+    Caller,
+    /// As a caller that sends SPAN_CLASS_UNSPECIFIED: what the daemon
+    /// passes to the session for such a span, so that the session's
+    /// classifier mode decides a user or system turn at admission.
+    Unspecified,
+}
+
+/// A turn as the daemon hands it to the session under `labels`.
+fn incoming(turn: &Turn, labels: Labels) -> Incoming {
+    let (classification, unclassified) = match (labels, turn.role) {
+        (Labels::Caller, _) => (classify(turn.role, &turn.text), false),
+        // The daemon leaves an unlabelled user or system span narrative
+        // for the session to settle; tool and assistant output is
+        // narrative by role.
+        (Labels::Unspecified, Role::User | Role::System) => (
+            Classification {
+                class: SpanClass::Narrative,
+                source: ClassSource::Rules,
+                rule: String::new(),
+            },
+            true,
+        ),
+        (Labels::Unspecified, Role::Tool | Role::Assistant) => {
+            (classify(turn.role, &turn.text), true)
+        }
+    };
+    let pinned = classification.class == SpanClass::Constraint;
+    Incoming {
+        role: turn.role,
+        text: turn.text.clone(),
+        tokens: turn.tokens,
+        predicate: pinned.then(|| predicate::derive(&turn.text, None)),
+        classification,
+        relevance_hint: None,
+        unclassified,
+    }
+}
+
+/// (c) and (d) ctxbroker: core's `Session`, driven the way the daemon
+/// drives it. Each turn is labelled as `labels` says (the rules' class
+/// given by the caller for (c), no class for (d)), and
+/// `Session::admit` compacts at admission by the token budget with class
+/// pinning and verification. The class the session gave each admitted
+/// turn is recorded. When live ends above the soft watermark, the
+/// background pre-compaction the daemon queues runs right after, at the
+/// same simulated time. A refused turn is lost.
 ///
 /// Every 90 s of simulated time (the cadence of (a)) the session is also
 /// offered its background work, as a daemon's sweep could offer it at any
@@ -256,7 +309,9 @@ fn broker(
     counter: &dyn TokenCounter,
     rec: &mut Recorder<'_>,
     session: usize,
+    labels: Labels,
 ) -> Vec<Span> {
+    rec.classifies();
     let mut s = Session::create(&format!("replay-{session}"), config.clone(), 0);
     let soft = u64::from(config.soft_watermark_tokens());
     let mut next_sweep = CADENCE_MS;
@@ -268,21 +323,14 @@ fn broker(
             next_sweep += CADENCE_MS;
         }
         rec.arrive();
-        let classification = classify(turn.role, &turn.text);
-        let pinned = classification.class == SpanClass::Constraint;
-        let incoming = Incoming {
-            role: turn.role,
-            text: turn.text.clone(),
-            tokens: turn.tokens,
-            predicate: pinned.then(|| predicate::derive(&turn.text, None)),
-            classification,
-            relevance_hint: None,
-            unclassified: true,
-        };
+        let id = s.record.next_span_id;
         let live = s.record.live_tokens;
         let demand = live + u64::from(turn.tokens);
-        match s.admit(vec![incoming], turn.at_ms, counter) {
+        match s.admit(vec![incoming(turn, labels)], turn.at_ms, counter) {
             Ok(change) => {
+                if let Some(span) = change.append.iter().find(|span| span.id == id) {
+                    rec.classified(i, span.class());
+                }
                 let compaction = change
                     .marker
                     .as_ref()
@@ -351,9 +399,9 @@ pub(crate) struct Recorder<'a> {
     arrived: bool,
     /// Per constraint: found missing at some check.
     missing: Vec<bool>,
-    /// Per live span (id, text length): the constraints one of its lines
-    /// holds. A span's text never changes under the same id and length.
-    held: HashMap<(SpanId, usize), u64>,
+    /// Per live span (id, text length): the constraints it holds. A span's
+    /// text never changes under the same id and length.
+    held: HashMap<(SpanId, usize), Bits>,
 }
 
 impl<'a> Recorder<'a> {
@@ -376,6 +424,54 @@ impl<'a> Recorder<'a> {
     fn arrive(&mut self) {
         self.arrived = true;
         self.stats.turns += 1;
+    }
+
+    /// The policy classifies what it admits: its classes are measured.
+    fn classifies(&mut self) {
+        self.stats.classifies = true;
+        self.stats.distractors = self.trace.distractors.len() as u64;
+        self.stats.tasks = self
+            .trace
+            .turns
+            .iter()
+            .filter(|t| t.kind == TurnKind::Task)
+            .count() as u64;
+    }
+
+    /// Turn `turn` was admitted with class `class`. A constraint is kept
+    /// when pinned or put in the standing-instructions tier; a distractor
+    /// or a task so classified is a false pin.
+    fn classified(&mut self, turn: usize, class: SpanClass) {
+        let kept = matches!(class, SpanClass::Constraint | SpanClass::Protected);
+        let Some(t) = self.trace.turns.get(turn) else {
+            return;
+        };
+        match t.kind {
+            TurnKind::Constraint(k) => {
+                if kept {
+                    self.stats.constraints_kept += 1;
+                } else if let Some(source) = self
+                    .trace
+                    .constraints
+                    .get(k)
+                    .and_then(|c| c.source.as_ref())
+                {
+                    self.stats
+                        .not_kept
+                        .push((source.category.clone(), source.id.clone()));
+                }
+            }
+            TurnKind::Distractor(k) if kept => {
+                self.stats.false_pins += 1;
+                if let Some(source) = self.trace.distractors.get(k) {
+                    self.stats
+                        .false_pinned
+                        .push((source.category.clone(), source.id.clone()));
+                }
+            }
+            TurnKind::Task if kept => self.stats.task_pins += 1,
+            _ => {}
+        }
     }
 
     fn point(&mut self, t_ms: u64, live: u64, demand: u64, event: Event, generation: u32) {
@@ -414,32 +510,33 @@ impl<'a> Recorder<'a> {
     }
 
     /// Marks missing every constraint stated before turn `stated` that no
-    /// line of `spans` holds. Live text only changes by compaction (an
-    /// admission only appends, and no other text expresses a constraint),
-    /// so checking after every compaction and at the end sees every loss.
+    /// span of `spans` holds. Live text only changes by compaction (an
+    /// admission only appends, and no other turn holds a constraint), so
+    /// checking after every compaction and at the end sees every loss.
     fn check_constraints(&mut self, spans: &[Span], stated: usize) {
         let constraints = &self.trace.constraints;
-        let mut pending = 0u64;
-        for (k, c) in constraints.iter().enumerate().take(64) {
+        let mut pending = Bits::with_len(constraints.len());
+        for (k, c) in constraints.iter().enumerate() {
             if c.turn < stated && !self.missing[k] {
-                pending |= 1 << k;
+                pending.insert(k);
             }
         }
-        if pending == 0 {
+        if pending.is_empty() {
             return;
         }
-        let mut held = 0u64;
+        let mut held = Bits::with_len(constraints.len());
         for span in spans {
-            held |= *self
-                .held
-                .entry((span.id, span.text.len()))
-                .or_insert_with(|| held_mask(&span.text, constraints));
-            if held & pending == pending {
+            held.union(
+                self.held
+                    .entry((span.id, span.text.len()))
+                    .or_insert_with(|| held_mask(&span.text, constraints)),
+            );
+            if held.covers(&pending) {
                 return;
             }
         }
-        for (k, missing) in self.missing.iter_mut().enumerate().take(64) {
-            if pending & !held & (1 << k) != 0 {
+        for (k, missing) in self.missing.iter_mut().enumerate() {
+            if pending.contains(k) && !held.contains(k) {
                 *missing = true;
             }
         }
@@ -449,6 +546,13 @@ impl<'a> Recorder<'a> {
     fn finish(&mut self, spans: &[Span]) {
         self.check_constraints(spans, usize::MAX);
         self.stats.constraints_lost = self.missing.iter().filter(|m| **m).count() as u64;
+        for (c, missing) in self.trace.constraints.iter().zip(&self.missing) {
+            if let (true, Some(source)) = (*missing, &c.source) {
+                self.stats
+                    .lost
+                    .push((source.category.clone(), source.id.clone()));
+            }
+        }
         self.stats.anchors_lost = self
             .trace
             .anchors
@@ -458,27 +562,67 @@ impl<'a> Recorder<'a> {
     }
 }
 
-/// The constraints (bit k for constraint k) that some unit of `text`
-/// holds. A unit is a line, or a part of a line between ` | ` (a
-/// summary's anchor separator); it holds a constraint when it contains
-/// every required term (core's whole-word, case-insensitive match) and
-/// expresses the constraint's modality (core's classifier rules).
-pub(crate) fn held_mask(text: &str, constraints: &[Constraint]) -> u64 {
-    let lowered = text.to_lowercase();
-    let mut mask = 0u64;
-    for (k, c) in constraints.iter().enumerate().take(64) {
-        if !c
-            .terms
-            .iter()
-            .all(|t| lowered.contains(t.to_lowercase().as_str()))
-        {
-            continue;
+/// A set of constraint indices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bits(Vec<u64>);
+
+impl Bits {
+    /// The empty set of indices below `n`.
+    pub(crate) fn with_len(n: usize) -> Bits {
+        Bits(vec![0; n.div_ceil(64)])
+    }
+
+    fn insert(&mut self, k: usize) {
+        if let Some(word) = self.0.get_mut(k / 64) {
+            *word |= 1 << (k % 64);
         }
-        let holds = text.split('\n').flat_map(|l| l.split(" | ")).any(|unit| {
-            c.terms.iter().all(|t| contains_term(unit, t)) && expresses(unit, c.modality)
-        });
+    }
+
+    pub(crate) fn contains(&self, k: usize) -> bool {
+        self.0.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    fn union(&mut self, other: &Bits) {
+        for (w, o) in self.0.iter_mut().zip(&other.0) {
+            *w |= o;
+        }
+    }
+
+    /// Whether every index of `other` is in this set.
+    fn covers(&self, other: &Bits) -> bool {
+        self.0.iter().zip(&other.0).all(|(w, o)| w & o == *o)
+    }
+}
+
+/// The constraints that `text` holds. A constraint held by its terms is
+/// held when some unit of the text — a line, or a part of a line between
+/// ` | ` (a summary's anchor separator) — contains every required term
+/// (core's whole-word, case-insensitive match) and expresses the
+/// constraint's modality (core's classifier rules). A constraint held
+/// verbatim is held when the text contains the constraint's text as it
+/// was stated, byte for byte.
+pub(crate) fn held_mask(text: &str, constraints: &[Constraint]) -> Bits {
+    let mut lowered: Option<String> = None;
+    let mut mask = Bits::with_len(constraints.len());
+    for (k, c) in constraints.iter().enumerate() {
+        let holds = match &c.hold {
+            Hold::Verbatim(stated) => text.contains(stated.as_str()),
+            Hold::Terms { modality, terms } => {
+                let lowered = lowered.get_or_insert_with(|| text.to_lowercase());
+                terms
+                    .iter()
+                    .all(|t| lowered.contains(t.to_lowercase().as_str()))
+                    && text.split('\n').flat_map(|l| l.split(" | ")).any(|unit| {
+                        terms.iter().all(|t| contains_term(unit, t)) && expresses(unit, *modality)
+                    })
+            }
+        };
         if holds {
-            mask |= 1 << k;
+            mask.insert(k);
         }
     }
     mask
@@ -488,43 +632,88 @@ pub(crate) fn held_mask(text: &str, constraints: &[Constraint]) -> u64 {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::replay::trace::TurnKind;
+    use crate::replay::trace::Source;
     use ctxbroker_core::config::TokenizerKind;
-    use ctxbroker_core::span::{Modality, Role};
+    use ctxbroker_core::span::Modality;
     use ctxbroker_core::tokens::counter;
+
+    fn terms(turn: usize, modality: Modality, term: &str) -> Constraint {
+        Constraint {
+            turn,
+            hold: Hold::Terms {
+                modality,
+                terms: vec![term.into()],
+            },
+            source: None,
+        }
+    }
 
     fn never_prod() -> Vec<Constraint> {
         vec![
-            Constraint {
-                turn: 1,
-                modality: Modality::Prohibition,
-                terms: vec!["prod".into()],
-            },
-            Constraint {
-                turn: 2,
-                modality: Modality::Restriction,
-                terms: vec!["sqlx".into()],
-            },
+            terms(1, Modality::Prohibition, "prod"),
+            terms(2, Modality::Restriction, "sqlx"),
         ]
+    }
+
+    /// The first 64 indices of a set, as bits.
+    fn low(bits: Bits) -> u64 {
+        (0..64)
+            .filter(|&k| bits.contains(k))
+            .fold(0, |m, k| m | (1 << k))
     }
 
     #[test]
     fn a_unit_holds_a_constraint_only_with_its_terms_and_modality() {
         let c = never_prod();
         assert_eq!(
-            held_mask("Never write to the `prod` namespace; stage first.", &c),
+            low(held_mask(
+                "Never write to the `prod` namespace; stage first.",
+                &c
+            )),
             0b01
         );
-        assert_eq!(held_mask("Never: write `prod`.", &c), 0b01);
+        assert_eq!(low(held_mask("Never: write `prod`.", &c)), 0b01);
         assert_eq!(
-            held_mask("[summary]\n- Use only the `sqlx` client.\n- other", &c),
+            low(held_mask(
+                "[summary]\n- Use only the `sqlx` client.\n- other",
+                &c
+            )),
             0b10
         );
         // The term alone, or the modality on another line or across an
         // anchors separator, holds nothing.
-        assert_eq!(held_mask("anchors: prod | sqlx | never", &c), 0);
-        assert_eq!(held_mask("deploy to prod\nnever mind that", &c), 0);
-        assert_eq!(held_mask("Never write to the production namespace.", &c), 0);
+        assert_eq!(low(held_mask("anchors: prod | sqlx | never", &c)), 0);
+        assert_eq!(low(held_mask("deploy to prod\nnever mind that", &c)), 0);
+        assert_eq!(
+            low(held_mask("Never write to the production namespace.", &c)),
+            0
+        );
+    }
+
+    fn verbatim(turn: usize, text: &str) -> Constraint {
+        Constraint {
+            turn,
+            hold: Hold::Verbatim(text.into()),
+            source: Some(Source {
+                id: format!("ho-{turn}"),
+                category: "ban_noun_phrase".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_verbatim_constraint_is_held_only_by_its_whole_text() {
+        let mut c: Vec<Constraint> = (0..70)
+            .map(|k| verbatim(k, &format!("rule number {k:02} holds.")))
+            .collect();
+        c.push(verbatim(70, "No force pushes."));
+        let text = "[summary]\n- rule number 03 holds.\n- no force pushes.\nrule number 66 holds.";
+        let held = held_mask(text, &c);
+        let found: Vec<usize> = (0..c.len()).filter(|&k| held.contains(k)).collect();
+        // Case matters, and indices past 64 are tracked.
+        assert_eq!(found, vec![3, 66]);
+        assert!(held_mask("No force pushes.", &c).contains(70));
+        assert!(!held_mask("No force pushes", &c).contains(70));
     }
 
     fn turn(at_ms: u64, text: &str) -> Turn {
@@ -541,6 +730,7 @@ mod tests {
         Trace {
             turns,
             constraints: Vec::new(),
+            distractors: Vec::new(),
             anchors: vec!["src/net/retry.rs".into()],
             burst_episodes: 0,
             burst_outputs: 0,
@@ -591,5 +781,97 @@ mod tests {
             assert_eq!(stats.compactions, 1, "{kind:?}");
             assert!(stats.peak_live <= u64::from(config.budget_tokens()));
         }
+    }
+
+    fn user(at_ms: u64, kind: TurnKind, text: &str) -> Turn {
+        Turn {
+            role: Role::User,
+            kind,
+            ..turn(at_ms, text)
+        }
+    }
+
+    #[test]
+    fn unlabelled_turns_are_classified_by_the_session_and_measured() {
+        // A standing rule without a modal phrase, a modal rule, a question
+        // and a task. The session's own phrases pin the first and the
+        // question whatever the model's weights, but only for a span the
+        // session classifies.
+        let rule = "zero emojis, anywhere. commit msgs, comments, docs, nothing";
+        let modal = "Never write to the `prod` namespace; stage every change first.";
+        let question = "should we actually use postgres instead?";
+        let task = "Please look into the flaky test.";
+        let mut t = trace(vec![
+            user(1_000, TurnKind::Task, task),
+            user(2_000, TurnKind::Constraint(0), rule),
+            user(3_000, TurnKind::Constraint(1), modal),
+            user(4_000, TurnKind::Distractor(0), question),
+        ]);
+        t.constraints = vec![verbatim(1, rule), verbatim(2, modal)];
+        t.distractors = vec![Source {
+            id: "ho-q".into(),
+            category: "question".into(),
+        }];
+        let mut config = SessionConfig::with_window(200_000);
+        config.classifier_tuning.pin_phrases = vec!["emojis".into(), "postgres".into()];
+        let c = counter(TokenizerKind::O200kBase);
+        let measured = |s: &Stats| {
+            (
+                s.classifies,
+                s.distractors,
+                s.tasks,
+                s.constraints_kept,
+                s.false_pins,
+                s.task_pins,
+            )
+        };
+
+        // The caller's classes are the rules': the modal rule is pinned,
+        // the rule without a modal phrase is narrative, and the session
+        // does not classify again (its phrases do not apply).
+        let by_rules =
+            |text: &str| u64::from(classify(Role::User, text).class == SpanClass::Constraint);
+        assert_eq!((by_rules(rule), by_rules(modal)), (0, 1));
+        let (caller, _) = replay(PolicyKind::Broker, &t, &config, c, 0);
+        assert_eq!(
+            measured(&caller),
+            (true, 1, 1, 1, by_rules(question), by_rules(task)),
+            "{caller:?}"
+        );
+        assert_eq!(
+            caller.not_kept,
+            vec![("ban_noun_phrase".to_owned(), "ho-1".to_owned())]
+        );
+
+        // Unlabelled, the session's classifier decides each user turn:
+        // the phrases pin the rule and the question; the model decides
+        // the modal rule and the task.
+        let (unlabelled, _) = replay(PolicyKind::Unlabelled, &t, &config, c, 0);
+        let kept = |text: &str| {
+            u64::from(matches!(
+                ctxbroker_core::classify::classify_with(
+                    Role::User,
+                    text,
+                    &config.classifier_tuning
+                )
+                .class,
+                SpanClass::Constraint | SpanClass::Protected
+            ))
+        };
+        assert_eq!(
+            measured(&unlabelled),
+            (true, 1, 1, 1 + kept(modal), 1, kept(task)),
+            "{unlabelled:?}"
+        );
+        assert_eq!(
+            unlabelled.false_pinned,
+            vec![("question".to_owned(), "ho-q".to_owned())]
+        );
+        // Nothing was compacted, so nothing was lost.
+        assert_eq!(unlabelled.constraints_lost, 0);
+        // The baselines classify nothing.
+        let (cadence, _) = replay(PolicyKind::Cadence, &t, &config, c, 0);
+        assert!(!cadence.classifies);
+        assert_eq!(cadence.constraints_kept, 0);
     }
 }

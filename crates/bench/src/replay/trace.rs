@@ -5,24 +5,40 @@
 //! stated by the user early and never repeated, bursts of very large tool
 //! outputs, and idle gaps where the user is away. Every turn is one span.
 //!
+//! The user's constraints come in one of two phrasings ([`Phrasing`]):
+//!
+//! - **templates** (the labelled trace): six constraints, each built from
+//!   a template that expresses its modality with the words the classifier
+//!   rules look for, stated within the first 12–120 turns;
+//! - **held-out** (the unlabelled trace): the session's share of the user
+//!   constraints of the labelled data's held-out split, stated verbatim
+//!   within the first quarter of the session, and its share of the
+//!   split's user distractors (questions, step-local instructions,
+//!   transient holds, reported speech, task requests, pasted output,
+//!   acknowledgements, plain narrative) as user turns anywhere after the
+//!   first one (see [`super::heldout`] for the deal).
+//!
 //! What the generator guarantees, so that the measurements mean what they
 //! say (the tests below check each point):
 //!
-//! - Only constraint turns express a modality: no other text contains a
-//!   phrase the classifier reads as a prohibition, restriction,
-//!   requirement or correction, so no other line can stand in for a
-//!   constraint.
+//! - With templates, only constraint turns express a modality: no other
+//!   text contains a phrase the classifier reads as a prohibition,
+//!   restriction, requirement or correction, so no other line can stand
+//!   in for a constraint.
+//! - With held-out phrasings, no turn but the one stating it contains a
+//!   constraint's text, so no other turn can stand in for it.
 //! - The only paths in tool outputs are the session's pool paths, and the
 //!   only error lines are the session's pool error lines; the tracked
 //!   anchors are exactly the pool entries that appear in some tool output.
 //! - Every session has at least one burst episode and one idle gap,
 //!   whatever its length, so that short traces still exercise both.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ctxbroker_core::span::{Modality, Role};
 use ctxbroker_core::tokens::TokenCounter;
 
+use super::heldout::{HeldOutSpan, Share};
 use crate::common::Rng;
 
 /// What a turn is, for the report and the tests.
@@ -32,6 +48,9 @@ pub(crate) enum TurnKind {
     System,
     /// A user constraint; the index into [`Trace::constraints`].
     Constraint(usize),
+    /// A held-out user turn that binds nothing beyond the moment; the
+    /// index into [`Trace::distractors`].
+    Distractor(usize),
     /// A user task opening a phase.
     Task,
     /// The model's own turn.
@@ -54,14 +73,54 @@ pub(crate) struct Turn {
     pub(crate) tokens: u32,
 }
 
-/// A constraint as the trace states it, with what measuring it needs: the
-/// modality it expresses and the terms any form of it must keep.
+/// A constraint as the trace states it, with what measuring it needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Constraint {
     /// The index of the turn that states it.
     pub(crate) turn: usize,
-    pub(crate) modality: Modality,
-    pub(crate) terms: Vec<String>,
+    /// What a unit of live text must have to hold it.
+    pub(crate) hold: Hold,
+    /// For a held-out phrasing: its id and category in the split.
+    pub(crate) source: Option<Source>,
+}
+
+/// What holds a constraint in the live context.
+#[derive(Debug, Clone)]
+pub(crate) enum Hold {
+    /// A template's constraint: a unit (a line, or a part of a line between
+    /// ` | `) containing every term and expressing the modality.
+    Terms {
+        modality: Modality,
+        terms: Vec<String>,
+    },
+    /// A held-out constraint: a span containing this text verbatim.
+    Verbatim(String),
+}
+
+/// Where a held-out turn comes from in the split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Source {
+    pub(crate) id: String,
+    pub(crate) category: String,
+}
+
+impl From<&HeldOutSpan> for Source {
+    fn from(span: &HeldOutSpan) -> Source {
+        Source {
+            id: span.id.clone(),
+            category: span.category.clone(),
+        }
+    }
+}
+
+/// Where the user's constraints come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Phrasing<'a> {
+    /// Six template constraints with modal phrases; no distractors.
+    Templates,
+    /// The session's share of the held-out split: its constraints and its
+    /// distractors, stated verbatim, each at most once.
+    HeldOut(&'a Share),
 }
 
 /// One session's trace.
@@ -69,6 +128,8 @@ pub(crate) struct Constraint {
 pub(crate) struct Trace {
     pub(crate) turns: Vec<Turn>,
     pub(crate) constraints: Vec<Constraint>,
+    /// The held-out distractors stated, in order (none with templates).
+    pub(crate) distractors: Vec<Source>,
     /// The distinct pool paths and error lines that appear in tool
     /// outputs, sorted.
     pub(crate) anchors: Vec<String>,
@@ -103,8 +164,14 @@ impl Trace {
     }
 }
 
-/// Constraints stated per session.
+/// Constraints stated per session, with templates.
 pub(crate) const CONSTRAINTS_PER_SESSION: usize = 6;
+/// With held-out phrasings: constraints are stated within the first
+/// `1/HELD_OUT_WINDOW` of the turns (at least the first 12), on at most a
+/// third of those turns; distractors take at most a tenth of all turns.
+const HELD_OUT_WINDOW: usize = 4;
+const HELD_OUT_CONSTRAINT_SHARE: usize = 3;
+const HELD_OUT_DISTRACTOR_SHARE: usize = 10;
 /// A burst output's size as a fraction of W: 40k–120k at W = 200k.
 const BURST_FRACTION: (f64, f64) = (0.2, 0.6);
 /// Outputs per burst episode.
@@ -126,16 +193,38 @@ const POOL_ERRORS: usize = 24;
 const FOCUS_PATHS: usize = 7;
 const FOCUS_ERRORS: usize = 3;
 
+/// What the user says at a turn chosen before the trace is written.
+#[derive(Debug, Clone, Copy)]
+enum Said<'a> {
+    /// A template constraint (the template's index).
+    Template(usize),
+    /// A held-out constraint.
+    Constraint(&'a HeldOutSpan),
+    /// A held-out distractor.
+    Distractor(&'a HeldOutSpan),
+}
+
 /// Generates session `session` of a run seeded with `seed`: `turns` turns
 /// for a window of `window` tokens (burst outputs scale with it), counted
-/// with `counter`. A session's trace depends only on the seed, its index,
-/// `turns` and `window`.
+/// with `counter`, with the user's constraints phrased as `phrasing` says.
+/// A session's trace depends only on the seed, its index, `turns`,
+/// `window` and the phrasing (for held-out phrasings, the session's
+/// share).
+///
+/// With held-out phrasings, the session states the first
+/// `min(share, (q − 1) / 3)` constraints of its share, where q = max(12,
+/// turns / 4) (at most turns − 1), at distinct turns drawn uniformly from
+/// 2..=q, in the share's order; and the first `min(share, (turns − 2) /
+/// 10)` distractors of its share at distinct other turns drawn uniformly
+/// from 2..turns, in order. The rest of the trace is written as with
+/// templates.
 pub(crate) fn generate(
     seed: u64,
     session: usize,
     turns: usize,
     window: u32,
     counter: &dyn TokenCounter,
+    phrasing: Phrasing<'_>,
 ) -> Trace {
     let mut rng = Rng::new(seed ^ (session as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
     // Decorrelate nearby seeds.
@@ -144,23 +233,21 @@ pub(crate) fn generate(
     }
     let mut w = Writer::new(rng, session);
     let turns = turns.max(4);
+    // No burst and no idle gap before this turn.
     let window_end = (turns / 25).clamp(12, 120).min(turns - 1);
-    let mut slots: BTreeSet<usize> = BTreeSet::new();
-    while slots.len() < CONSTRAINTS_PER_SESSION.min(window_end.saturating_sub(1)) {
-        slots.insert(w.rng.range(2, window_end as u64) as usize);
-    }
-    let mut templates: Vec<usize> = (0..CONSTRAINT_TEMPLATES).collect();
-    for i in (1..templates.len()).rev() {
-        let j = w.rng.below(i + 1);
-        templates.swap(i, j);
-    }
+    let said_at = match phrasing {
+        Phrasing::Templates => template_turns(&mut w.rng, window_end),
+        Phrasing::HeldOut(share) => held_out_turns(&mut w.rng, turns, share),
+    };
 
     let forced_idle = turns / 2;
     let forced_burst = turns / 3;
     let mut out: Vec<Turn> = Vec::with_capacity(turns);
     let mut constraints = Vec::new();
+    let mut distractors = Vec::new();
     let mut t_ms = 0u64;
     let mut next_phase = 1usize;
+    let mut idle_forced = false;
     let mut burst_left = 0u64;
     let mut burst_episodes = 0usize;
     let mut burst_outputs = 0usize;
@@ -175,14 +262,22 @@ pub(crate) fn generate(
         text: system,
     });
     for i in 1..turns {
-        let (kind, gap_s) = if slots.contains(&i) {
-            let k = constraints.len();
-            (TurnKind::Constraint(k), w.rng.range(5, 40))
-        } else if i == next_phase || i == forced_idle {
+        let said = said_at.get(&i).copied();
+        // A phase (and the forced idle gap) falling on a user's turn
+        // starts at the next turn.
+        let force_idle = !idle_forced && i >= forced_idle;
+        let (kind, gap_s) = if let Some(said) = said {
+            let kind = match said {
+                Said::Distractor(_) => TurnKind::Distractor(distractors.len()),
+                Said::Template(_) | Said::Constraint(_) => TurnKind::Constraint(constraints.len()),
+            };
+            (kind, w.rng.range(5, 40))
+        } else if i >= next_phase || force_idle {
             next_phase = i + w.rng.range(PHASE_TURNS.0, PHASE_TURNS.1) as usize;
             burst_left = 0;
             w.new_phase();
-            if i == forced_idle || (i > window_end && w.rng.chance(IDLE_CHANCE)) {
+            if force_idle || (i > window_end && w.rng.chance(IDLE_CHANCE)) {
+                idle_forced |= force_idle;
                 idle_gaps += 1;
                 (TurnKind::Task, w.rng.range(IDLE_S.0, IDLE_S.1))
             } else {
@@ -209,30 +304,42 @@ pub(crate) fn generate(
         };
         t_ms += gap_s * 1000 + w.rng.range(0, 999);
         w.now_s = t_ms / 1000;
-        let (role, text) = match kind {
-            TurnKind::Constraint(k) => {
-                let template = templates
-                    .get(k)
-                    .copied()
-                    .unwrap_or(k % CONSTRAINT_TEMPLATES);
+        let (role, text) = match (said, kind) {
+            (Some(Said::Template(template)), _) => {
                 let (text, modality, terms) = w.constraint(template);
                 constraints.push(Constraint {
                     turn: i,
-                    modality,
-                    terms,
+                    hold: Hold::Terms { modality, terms },
+                    source: None,
                 });
                 (Role::User, text)
             }
-            TurnKind::Task => (Role::User, w.task()),
-            TurnKind::Assistant => (Role::Assistant, w.assistant()),
-            TurnKind::Tool => (Role::Tool, w.tool_output()),
-            TurnKind::Burst => {
+            (Some(Said::Constraint(span)), _) => {
+                constraints.push(Constraint {
+                    turn: i,
+                    hold: Hold::Verbatim(span.text.clone()),
+                    source: Some(Source::from(span)),
+                });
+                (Role::User, span.text.clone())
+            }
+            (Some(Said::Distractor(span)), _) => {
+                distractors.push(Source::from(span));
+                (Role::User, span.text.clone())
+            }
+            (None, TurnKind::Task) => (Role::User, w.task()),
+            (None, TurnKind::Assistant) => (Role::Assistant, w.assistant()),
+            (None, TurnKind::Tool) => (Role::Tool, w.tool_output()),
+            (None, TurnKind::Burst) => {
                 burst_outputs += 1;
                 let f = BURST_FRACTION.0 + (BURST_FRACTION.1 - BURST_FRACTION.0) * w.rng.unit();
                 let target = (f64::from(window) * f) as u64;
                 (Role::Tool, w.burst(target, counter))
             }
-            TurnKind::System => (Role::System, w.system_prompt()),
+            // Only the first turn is the system prompt, and constraint and
+            // distractor turns are always said.
+            (None, TurnKind::System | TurnKind::Constraint(_) | TurnKind::Distractor(_)) => {
+                (Role::System, w.system_prompt())
+            }
         };
         last = kind;
         out.push(Turn {
@@ -252,11 +359,74 @@ pub(crate) fn generate(
     Trace {
         turns: out,
         constraints,
+        distractors,
         anchors: anchors.into_iter().collect(),
         burst_episodes,
         burst_outputs,
         idle_gaps,
     }
+}
+
+/// The template constraints' turns: six distinct turns in 2..=`window_end`,
+/// the k-th (in time) stating the k-th of the templates in an order drawn
+/// from `rng`.
+fn template_turns(rng: &mut Rng, window_end: usize) -> BTreeMap<usize, Said<'static>> {
+    let mut slots: BTreeSet<usize> = BTreeSet::new();
+    while slots.len() < CONSTRAINTS_PER_SESSION.min(window_end.saturating_sub(1)) {
+        slots.insert(rng.range(2, window_end as u64) as usize);
+    }
+    let mut templates: Vec<usize> = (0..CONSTRAINT_TEMPLATES).collect();
+    for i in (1..templates.len()).rev() {
+        let j = rng.below(i + 1);
+        templates.swap(i, j);
+    }
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(k, turn)| {
+            let template = templates
+                .get(k)
+                .copied()
+                .unwrap_or(k % CONSTRAINT_TEMPLATES);
+            (turn, Said::Template(template))
+        })
+        .collect()
+}
+
+/// The held-out turns of a session of `turns` turns: as many of the
+/// share's constraints as the first quarter has room for, then as many of
+/// its distractors as a tenth of the turns, each at a distinct turn drawn
+/// from `rng` (see [`generate`]).
+fn held_out_turns<'a>(rng: &mut Rng, turns: usize, share: &'a Share) -> BTreeMap<usize, Said<'a>> {
+    let stated_by = (turns / HELD_OUT_WINDOW).max(12).min(turns - 1);
+    let n_constraints = share
+        .constraints
+        .len()
+        .min(stated_by.saturating_sub(1) / HELD_OUT_CONSTRAINT_SHARE);
+    let mut constraint_turns: BTreeSet<usize> = BTreeSet::new();
+    while constraint_turns.len() < n_constraints {
+        constraint_turns.insert(rng.range(2, stated_by as u64) as usize);
+    }
+    let n_distractors = share
+        .distractors
+        .len()
+        .min(turns.saturating_sub(2) / HELD_OUT_DISTRACTOR_SHARE);
+    let mut distractor_turns: BTreeSet<usize> = BTreeSet::new();
+    while distractor_turns.len() < n_distractors {
+        let turn = rng.range(2, turns as u64 - 1) as usize;
+        if !constraint_turns.contains(&turn) {
+            distractor_turns.insert(turn);
+        }
+    }
+    let constraints = constraint_turns
+        .into_iter()
+        .zip(&share.constraints)
+        .map(|(turn, span)| (turn, Said::Constraint(span)));
+    let distractors = distractor_turns
+        .into_iter()
+        .zip(&share.distractors)
+        .map(|(turn, span)| (turn, Said::Distractor(span)));
+    constraints.chain(distractors).collect()
 }
 
 const DIRS: [&str; 12] = [
@@ -786,7 +956,14 @@ mod tests {
     use ctxbroker_core::tokens::counter;
 
     fn small(seed: u64) -> Trace {
-        generate(seed, 0, 400, 200_000, counter(TokenizerKind::O200kBase))
+        generate(
+            seed,
+            0,
+            400,
+            200_000,
+            counter(TokenizerKind::O200kBase),
+            Phrasing::Templates,
+        )
     }
 
     #[test]
@@ -836,14 +1013,20 @@ mod tests {
         for seed in [1, 2, 3] {
             let t = small(seed);
             assert_eq!(t.constraints.len(), CONSTRAINTS_PER_SESSION);
+            assert!(t.distractors.is_empty());
             for (i, turn) in t.turns.iter().enumerate() {
                 match turn.kind {
                     TurnKind::Constraint(k) => {
                         let c = &t.constraints[k];
                         assert_eq!(c.turn, i);
+                        assert!(c.source.is_none());
                         assert_eq!(classify(turn.role, &turn.text).class, SpanClass::Constraint);
+                        let Hold::Terms { modality, terms } = &c.hold else {
+                            panic!("a template constraint is held by its terms: {c:?}");
+                        };
+                        assert!(!terms.is_empty());
                         assert!(
-                            ctxbroker_core::predicate::expresses(&turn.text, c.modality),
+                            ctxbroker_core::predicate::expresses(&turn.text, *modality),
                             "{}",
                             turn.text
                         );
@@ -882,5 +1065,101 @@ mod tests {
                 "{a}"
             );
         }
+    }
+
+    fn held_out(seed: u64, session: usize, turns: usize, share: &Share) -> Trace {
+        generate(
+            seed,
+            session,
+            turns,
+            200_000,
+            counter(TokenizerKind::O200kBase),
+            Phrasing::HeldOut(share),
+        )
+    }
+
+    #[test]
+    fn held_out_phrasings_are_stated_verbatim_once_and_nowhere_else() {
+        let deal = crate::replay::heldout::load_and_deal(1, 3).unwrap();
+        let share = &deal.shares[1];
+        let t = held_out(1, 1, 3_000, share);
+        // The default run has room for the whole share.
+        assert_eq!(t.constraints.len(), share.constraints.len());
+        assert_eq!(t.distractors.len(), share.distractors.len());
+        let mut stated = Vec::new();
+        let mut said = Vec::new();
+        for (i, turn) in t.turns.iter().enumerate() {
+            match turn.kind {
+                TurnKind::Constraint(k) => {
+                    let c = &t.constraints[k];
+                    assert_eq!(c.turn, i);
+                    assert_eq!(turn.role, Role::User);
+                    assert!(i <= 750, "stated at turn {i}");
+                    let Hold::Verbatim(text) = &c.hold else {
+                        panic!("a held-out constraint is held verbatim: {c:?}");
+                    };
+                    assert_eq!(text, &turn.text);
+                    let source = c.source.clone().unwrap();
+                    assert_eq!(share.constraints[k].id, source.id);
+                    assert_eq!(share.constraints[k].text, turn.text);
+                    stated.push(source.id);
+                }
+                TurnKind::Distractor(k) => {
+                    assert_eq!(turn.role, Role::User);
+                    assert_eq!(share.distractors[k].text, turn.text);
+                    assert_eq!(share.distractors[k].id, t.distractors[k].id);
+                    said.push(t.distractors[k].id.clone());
+                }
+                _ => {}
+            }
+        }
+        let ids = |v: &[HeldOutSpan]| v.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+        assert_eq!(stated, ids(&share.constraints));
+        assert_eq!(said, ids(&share.distractors));
+        // No other turn holds a constraint's text.
+        for c in &t.constraints {
+            let Hold::Verbatim(text) = &c.hold else {
+                unreachable!()
+            };
+            for (i, turn) in t.turns.iter().enumerate() {
+                if i != c.turn {
+                    assert!(
+                        !turn.text.contains(text.as_str()),
+                        "turn {i} holds {text:?}"
+                    );
+                }
+            }
+        }
+        // The work around them is written as with templates.
+        assert!(t.burst_episodes >= 1 && t.idle_gaps >= 1);
+        assert!(t.anchors.len() > 10);
+    }
+
+    #[test]
+    fn a_short_held_out_trace_states_a_prefix_of_its_share() {
+        let deal = crate::replay::heldout::load_and_deal(4, 1).unwrap();
+        let share = &deal.shares[0];
+        let t = held_out(4, 0, 300, share);
+        // q = 75: 24 constraints in turns 2..=75; 29 distractors.
+        assert_eq!(t.constraints.len(), 24);
+        assert_eq!(t.distractors.len(), 29);
+        assert!(t.constraints.iter().all(|c| (2..=75).contains(&c.turn)));
+        let categories = |v: Vec<&Source>| {
+            v.into_iter()
+                .map(|s| s.category.clone())
+                .collect::<BTreeSet<_>>()
+                .len()
+        };
+        let sources: Vec<&Source> = t
+            .constraints
+            .iter()
+            .filter_map(|c| c.source.as_ref())
+            .collect();
+        assert_eq!(categories(sources), 12);
+        assert_eq!(categories(t.distractors.iter().collect()), 8);
+        assert!(t.idle_gaps >= 1 && t.burst_episodes >= 1);
+        let again = held_out(4, 0, 300, share);
+        let texts = |t: &Trace| t.turns.iter().map(|x| x.text.clone()).collect::<Vec<_>>();
+        assert_eq!(texts(&t), texts(&again));
     }
 }
