@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! ctxbroker-bench classify [--data DIR] [--repeats N]
-//! ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]
+//! ctxbroker-bench classify train [--data DIR] [--write PATH] [--check] [--cv]
 //! ```
 //!
 //! The held-out split is read only to measure: nothing is fitted or
@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use ctxbroker_core::classify::features::ALL_FEATURES;
 use ctxbroker_core::classify::model::Model;
-use ctxbroker_core::classify::train::{Example, TrainOptions, train};
+use ctxbroker_core::classify::train::{Example, TrainOptions, out_of_fold, train};
 use ctxbroker_core::classify::{ClassifierTuning, Verdict, assess};
 use ctxbroker_core::span::Role;
 use serde::Deserialize;
@@ -173,6 +173,33 @@ pub struct SplitReport {
     pub false_pins: Vec<(String, String)>,
 }
 
+impl SplitReport {
+    /// Counts one span's verdict, and lists it when it is a miss or a
+    /// false pin.
+    fn record(
+        &mut self,
+        span: &Labelled,
+        role: Role,
+        constraint: bool,
+        verdict: Verdict,
+        why: String,
+    ) {
+        self.all.add(constraint, verdict);
+        if matches!(role, Role::User | Role::System) {
+            self.scored.add(constraint, verdict);
+        }
+        self.by_category
+            .entry(span.category.clone())
+            .or_default()
+            .add(constraint, verdict);
+        if constraint && verdict != Verdict::Standing {
+            self.missed.push((span.id.clone(), why));
+        } else if !constraint && verdict == Verdict::Standing {
+            self.false_pins.push((span.id.clone(), why));
+        }
+    }
+}
+
 /// Who decides, in an evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decider {
@@ -204,20 +231,7 @@ pub fn evaluate(spans: &[Labelled], decider: Decider) -> Result<SplitReport, Fai
             }
             (Role::Tool | Role::Assistant, _) => (Verdict::Narrative, "by role".to_owned()),
         };
-        report.all.add(constraint, verdict);
-        if matches!(role, Role::User | Role::System) {
-            report.scored.add(constraint, verdict);
-        }
-        report
-            .by_category
-            .entry(span.category.clone())
-            .or_default()
-            .add(constraint, verdict);
-        if constraint && verdict != Verdict::Standing {
-            report.missed.push((span.id.clone(), why));
-        } else if !constraint && verdict == Verdict::Standing {
-            report.false_pins.push((span.id.clone(), why));
-        }
+        report.record(span, role, constraint, verdict, why);
     }
     Ok(report)
 }
@@ -294,6 +308,11 @@ struct TrainFlags {
     /// Weight of a missed standing instruction against a false pin.
     #[arg(long)]
     positive_weight: Option<f64>,
+    /// Also score every training span by a model fitted without its fold,
+    /// at the trained thresholds, and list the misses and false pins: the
+    /// training split's own estimate of the figures on unseen text.
+    #[arg(long)]
+    cv: bool,
 }
 
 /// `ctxbroker-bench classify …`.
@@ -315,6 +334,13 @@ pub fn classify_main(args: &[String]) -> Result<(), Failure> {
         if let Some(path) = flags.write {
             std::fs::write(&path, weights_source(&model))?;
             eprintln!("wrote {}", path.display());
+        }
+        if flags.cv {
+            let report = cross_validated(&spans, &model, &options)?;
+            eprint!("{}", table(&[("train, out of fold", report.clone())]));
+            for (id, why) in report.missed.iter().chain(&report.false_pins) {
+                eprintln!("{id}  {why}");
+            }
         }
         if flags.check && !same_model(&model, ctxbroker_core::classify::model::builtin()) {
             return Err("the compiled-in model differs from training on the data: run \
@@ -366,6 +392,54 @@ pub fn classify_main(args: &[String]) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The training split judged by out-of-fold scores at `model`'s
+/// thresholds; the explanations are `model`'s, after the out-of-fold
+/// score.
+pub fn cross_validated(
+    spans: &[Labelled],
+    model: &Model,
+    options: &TrainOptions,
+) -> Result<SplitReport, Failure> {
+    let scores = out_of_fold(&examples(spans)?, options);
+    let mut scores = scores.into_iter();
+    let mut report = SplitReport::default();
+    for span in spans {
+        let role = span.role()?;
+        let constraint = span.constraint()?;
+        let (verdict, why) = match role {
+            Role::User | Role::System => {
+                let score = scores.next().unwrap_or(0.0);
+                let verdict = if score >= model.pin_threshold {
+                    Verdict::Standing
+                } else if score >= model.doubt_threshold {
+                    Verdict::Doubtful
+                } else {
+                    Verdict::Narrative
+                };
+                let fitted = explain(model, &span.text, role == Role::System);
+                (verdict, format!("out of fold {score:.2}; fitted {fitted}"))
+            }
+            Role::Tool | Role::Assistant => (Verdict::Narrative, "by role".to_owned()),
+        };
+        report.record(span, role, constraint, verdict, why);
+    }
+    Ok(report)
+}
+
+/// The score of `text` by `model` and the features that carried it, as
+/// in a classification's rule.
+fn explain(model: &Model, text: &str, system_role: bool) -> String {
+    let scored = model.score(text, system_role);
+    let mut out = format!("{:.2}:", scored.score);
+    for (f, _) in &scored.raised_by {
+        out.push_str(&format!(" +{}", f.name()));
+    }
+    for (f, _) in &scored.lowered_by {
+        out.push_str(&format!(" -{}", f.name()));
+    }
+    out
 }
 
 /// Trains on the training split with the default options.

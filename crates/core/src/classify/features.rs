@@ -105,10 +105,46 @@ pub enum Feature {
     /// ("this is what I get:", "the linter says", "here's the log"), or is
     /// a quoted line (`> …`): pasted, not said.
     Shown,
+    /// A quantifier over things: any, all, every, each, anything. Wider
+    /// than one object, but as often inside a task ("update all the
+    /// dependencies") or a hold ("don't change anything yet") as in a
+    /// rule.
+    Quantifier,
+    /// Words given to someone else: a verb of saying or wanting after a
+    /// subject other than the writer ("the docs say", "my lead told me",
+    /// "QA wants"), "according to", "apparently".
+    Attributed,
+    /// The segment's line is shaped like machine output: a log level, a
+    /// time stamp, a `file:line` position, a stack frame, a compiler's
+    /// pointer, a shell prompt, a code comment, or more symbols than
+    /// letters.
+    OutputLine,
+    /// An imperative whose object is one particular thing ("fix the
+    /// typo", "rename this variable", "write a script"): the mark of a
+    /// single piece of work.
+    SpecificObject,
+    /// A question that asks rather than requests: a question mark or a
+    /// question's opening, but not "could you …" or "would you …".
+    OpenQuestion,
+    /// Some line of the span is shaped like machine output
+    /// ([`Feature::OutputLine`]): the span holds something pasted.
+    Pasted,
+    /// A contrast after a comma or dash: "use pathlib, not os.path".
+    Contrast,
+    /// A clause about what the agent does, inside the sentence:
+    /// "whenever you change …", "every PR you open": the mark of a habit.
+    AgentClause,
+    /// Opens with a verb that keeps a state rather than does one piece of
+    /// work: "keep the API stable", "treat warnings as errors", "leave
+    /// the generated files alone".
+    Maintaining,
+    /// A task whose product carries words of its own: "draft an email
+    /// announcing that …", "add a section about how we never …".
+    TaskContent,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::Shown as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::TaskContent as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -151,6 +187,16 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::NegativeImperative,
     Feature::TaskVerb,
     Feature::Shown,
+    Feature::Quantifier,
+    Feature::Attributed,
+    Feature::OutputLine,
+    Feature::SpecificObject,
+    Feature::OpenQuestion,
+    Feature::Pasted,
+    Feature::Contrast,
+    Feature::AgentClause,
+    Feature::Maintaining,
+    Feature::TaskContent,
 ];
 
 impl Feature {
@@ -196,6 +242,16 @@ impl Feature {
             Feature::NegativeImperative => "negative_imperative",
             Feature::TaskVerb => "task_verb",
             Feature::Shown => "shown",
+            Feature::Quantifier => "quantifier",
+            Feature::Attributed => "attributed",
+            Feature::OutputLine => "output_line",
+            Feature::SpecificObject => "specific_object",
+            Feature::OpenQuestion => "open_question",
+            Feature::Pasted => "pasted",
+            Feature::Contrast => "contrast",
+            Feature::AgentClause => "agent_clause",
+            Feature::Maintaining => "maintaining",
+            Feature::TaskContent => "task_content",
         }
     }
 }
@@ -241,11 +297,18 @@ struct Cut {
     colon_after: Option<usize>,
     /// Whether a comma, dash or colon directly follows the first word.
     first_punctuated: bool,
+    /// Words before each comma or dash inside the segment.
+    breaks: Vec<usize>,
     question_mark: bool,
     quote: bool,
     arrow: bool,
     placeholder: bool,
     digits_with_unit: bool,
+    /// Closed by a colon after a long lead-in ("the old team wrote in the
+    /// wiki: …").
+    lead_in: bool,
+    /// The words as the lexicon reads them.
+    lexed: Lexed,
 }
 
 /// Cuts `text` into segments and describes each. Span-level features
@@ -253,21 +316,67 @@ struct Cut {
 /// segment, so that each segment's score stands on its own.
 pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
     let cuts = cut(text);
+    // Each line is found and judged once, however many sentences it
+    // holds: cuts come in order, so one pass over the text finds them all.
+    let mut lines = Lines::new(text);
+    let placed: Vec<(Line, bool)> = cuts
+        .iter()
+        .map(|c| {
+            let line = lines.holding(c.start);
+            let line_end = lines.ends_after(c.end);
+            (line, line_end)
+        })
+        .collect();
+    let output_lines: Vec<bool> = cuts
+        .iter()
+        .zip(&placed)
+        .map(|(c, (line, _))| line.output || comment(text.get(c.start..).unwrap_or("")))
+        .collect();
+    let pasted = output_lines.iter().any(|o| *o);
     let total_words: usize = cuts.iter().map(|c| c.words.len()).sum();
     let output_like = output_like(text);
-    let ack = total_words <= 8 && total_words > 0 && cuts.iter().all(|c| is_ack(&c.words));
+    let ack = total_words <= 8
+        && total_words > 0
+        && cuts
+            .iter()
+            .all(|c| c.lexed.classes.iter().all(|k| k & class::ACK != 0));
     let many = cuts.len() > 1;
     let mut shown = false;
+    // What a lead-in that reports or presents introduces after its colon.
+    let mut introduced = false;
     cuts.into_iter()
-        .filter(|c| c.words.iter().any(|w| w != CODE))
-        .map(|c| {
+        .zip(output_lines)
+        .zip(placed)
+        .filter(|((c, _), _)| c.words.iter().any(|w| w != CODE))
+        .map(|((c, output), (line, line_end))| {
             let mut f = describe(&c);
-            let rest = &text[c.end..];
-            let line_end = rest.find('\n').is_some_and(|n| rest[..n].trim().len() <= 1);
-            if shown || quoted_line(text, c.start) {
+            if output {
+                f.set(Feature::OutputLine);
+            }
+            if pasted {
+                f.set(Feature::Pasted);
+            }
+            let rest = text.get(c.end..).unwrap_or("");
+            // What a presenting line introduces is shown; when that is a
+            // fenced block, the fence holds all of it. The presenting line
+            // itself says nothing either.
+            let after = rest.trim_start();
+            let colon = after.starts_with(':');
+            let fenced = after
+                .trim_start_matches(':')
+                .trim_start()
+                .starts_with("```");
+            let presenting = line_end && presents(&c.lexed, colon);
+            if shown || introduced || presenting || line.quoted {
                 f.set(Feature::Shown);
             }
-            shown = shown || (line_end && presents(&c.words, rest.trim_start().starts_with(':')));
+            introduced = c.lead_in
+                && (f.on(Feature::Attributed)
+                    || c.lexed.classes.iter().any(|k| k & class::SHOWING != 0));
+            if introduced {
+                f.set(Feature::Shown);
+            }
+            shown = shown || (presenting && !fenced);
             if system_role {
                 f.set(Feature::SystemRole);
             }
@@ -294,6 +403,15 @@ fn is_word_char(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
+/// Whether the character at `at` opens a word: at the start, or after
+/// white space, a colon or an opening bracket.
+fn word_starts(text: &str, at: usize) -> bool {
+    text[..at]
+        .chars()
+        .next_back()
+        .is_none_or(|p| p.is_whitespace() || matches!(p, ':' | '(' | '['))
+}
+
 fn is_apostrophe(c: char) -> bool {
     matches!(c, '\'' | '\u{2019}' | '\u{2018}')
 }
@@ -306,6 +424,9 @@ fn cut(text: &str) -> Vec<Cut> {
     let mut cuts = Vec::new();
     let mut current = Cut::default();
     let mut word: Option<String> = None;
+    // Inside double quotes: a quotation of several sentences is quoted
+    // throughout.
+    let mut in_quote = false;
     let mut chars = text.char_indices().peekable();
     let finish_word = |current: &mut Cut, word: &mut Option<String>| {
         if let Some(w) = word.take() {
@@ -332,8 +453,12 @@ fn cut(text: &str) -> Vec<Cut> {
         }
         let next = chars.peek().map(|&(_, n)| n);
         if is_word_char(c) {
-            word.get_or_insert_with(String::new)
-                .extend(c.to_lowercase());
+            let w = word.get_or_insert_with(String::new);
+            if c.is_ascii() {
+                w.push(c.to_ascii_lowercase());
+            } else {
+                w.extend(c.to_lowercase());
+            }
             current.end = at + c.len_utf8();
             continue;
         }
@@ -344,11 +469,22 @@ fn cut(text: &str) -> Vec<Cut> {
             w.push('\'');
             continue;
         }
+        // "package.json", "os.path", "v1.2" are one word.
+        if c == '.'
+            && next.is_some_and(is_word_char)
+            && let Some(w) = word.as_mut()
+        {
+            w.push('.');
+            current.end = at + 1;
+            continue;
+        }
         finish_word(&mut current, &mut word);
         let boundary_space = next.is_none_or(char::is_whitespace);
         match c {
             '\n' | ';' => {
                 close(&mut cuts, &mut current, at + c.len_utf8());
+                in_quote &= c != '\n';
+                current.quote = in_quote;
                 continue;
             }
             '.' | '!' | '?' | '…' if boundary_space => {
@@ -356,19 +492,50 @@ fn cut(text: &str) -> Vec<Cut> {
                     current.question_mark = true;
                 }
                 close(&mut cuts, &mut current, at + c.len_utf8());
+                current.quote = in_quote;
                 continue;
             }
             '?' | '¿' => current.question_mark = true,
+            // After a long lead-in, a colon ends a sentence: "one rule for
+            // the whole project: never tag images as latest".
+            ':' if boundary_space
+                && (current.words.len() > 6
+                    || (current.words.len() > 1
+                        && current.words.iter().any(|w| {
+                            SHOWING_VERBS.contains(&w.as_str())
+                                || SAYING_VERBS.contains(&w.as_str())
+                        }))) =>
+            {
+                current.lead_in = true;
+                close(&mut cuts, &mut current, at + c.len_utf8());
+                current.quote = in_quote;
+                continue;
+            }
             ':' if boundary_space && current.colon_after.is_none() => {
                 current.colon_after = Some(current.words.len());
                 if current.words.len() == 1 {
                     current.first_punctuated = true;
                 }
             }
-            ',' | '—' | '–' | '-' if current.words.len() == 1 && boundary_space => {
-                current.first_punctuated = true;
+            ',' | '—' | '–' | '-' if boundary_space && !current.words.is_empty() => {
+                if current.words.len() == 1 {
+                    current.first_punctuated = true;
+                }
+                // A hyphen breaks only between spaces.
+                if c != '-' || text[..at].ends_with(' ') {
+                    current.breaks.push(current.words.len());
+                }
             }
             '"' | '“' | '”' | '«' | '»' => {
+                current.quote = true;
+                in_quote = match c {
+                    '“' | '«' => true,
+                    '”' | '»' => false,
+                    _ => !in_quote,
+                };
+            }
+            // An opening single quote: "wrote 'never touch …'".
+            '\'' | '‘' if word_starts(text, at) && next.is_some_and(is_word_char) => {
                 current.quote = true;
             }
             '→' | '⇒' => current.arrow = true,
@@ -393,33 +560,69 @@ fn close(cuts: &mut Vec<Cut>, current: &mut Cut, next_start: usize) {
     if done.words.is_empty() {
         return;
     }
+    // Idioms read as one word: "never mind" forbids nothing, "don't
+    // forget" reminds.
+    if done.words.iter().any(|w| IDIOM_HEADS.contains(&w.as_str())) {
+        read_idioms(&mut done);
+    }
     // A colon right at the end ("Rules:") labels what follows, not this.
     if done.colon_after == Some(done.words.len()) {
         done.colon_after = None;
     }
-    done.digits_with_unit |= done
-        .words
-        .windows(2)
-        .any(|p| p[0].chars().all(|c| c.is_ascii_digit()) && UNITS.contains(&p[1].as_str()));
+    done.lexed = Matcher::get().scan(&done.words);
+    done.digits_with_unit |= (1..done.words.len()).any(|i| {
+        done.words[i - 1].chars().all(|c| c.is_ascii_digit()) && done.lexed.is(i, class::UNIT)
+    });
     cuts.push(done);
+}
+
+/// Replaces each idiom ([`IDIOMS`]) by its one word, in one pass, and
+/// moves the colon and the breaks with the words.
+fn read_idioms(done: &mut Cut) {
+    let mut old = std::mem::take(&mut done.words);
+    // Where each old word went.
+    let mut moved = Vec::with_capacity(old.len() + 1);
+    let mut i = 0;
+    while i < old.len() {
+        let idiom = IDIOMS
+            .iter()
+            .find(|(idiom, _)| old.get(i..i + idiom.len()).is_some_and(|p| p == *idiom));
+        match idiom {
+            Some((idiom, word)) => {
+                moved.extend(std::iter::repeat_n(done.words.len(), idiom.len()));
+                done.words.push((*word).to_owned());
+                i += idiom.len();
+            }
+            None => {
+                moved.push(done.words.len());
+                done.words.push(std::mem::take(&mut old[i]));
+                i += 1;
+            }
+        }
+    }
+    let len = done.words.len();
+    let at = |k: usize| moved.get(k).copied().unwrap_or(len);
+    done.colon_after = done.colon_after.map(at);
+    done.breaks.iter_mut().for_each(|k| *k = at(*k));
 }
 
 /// The first word that carries meaning: bullets, fillers and greetings
 /// skipped.
-fn first_content(words: &[String]) -> usize {
-    words
-        .iter()
-        .position(|w| !LEAD_FILLERS.contains(&w.as_str()))
-        .unwrap_or(words.len())
+fn first_content(lx: &Lexed) -> usize {
+    (0..lx.classes.len())
+        .find(|&i| !lx.is(i, class::LEAD_FILLER))
+        .unwrap_or(lx.classes.len())
 }
 
 fn describe(c: &Cut) -> Features {
     let mut f = Features([0.0; FEATURE_COUNT]);
     let w = &c.words[..];
-    let found = Matcher::get().scan(w);
-    let start = first_content(w);
-    let first = w.get(start).map(String::as_str).unwrap_or("");
-    let second = w.get(start + 1).map(String::as_str).unwrap_or("");
+    let lx = &c.lexed;
+    let found = lx.found;
+    let start = first_content(lx);
+    let word = |i: usize| w.get(i).map(String::as_str).unwrap_or("");
+    let first = word(start);
+    let second = word(start + 1);
 
     let neg = found.has(Set::NegModal);
     let req = found.has(Set::ReqModal);
@@ -433,36 +636,61 @@ fn describe(c: &Cut) -> Features {
     if restrict {
         f.set(Feature::Restrict);
     }
-    let imperative = (IMPERATIVE_VERBS.binary_search(&first).is_ok()
+    // "can you use …", "could you please keep …": a request, imperative
+    // in all but form; `verb_at` is the verb that opens the sentence or
+    // follows the request's frame.
+    let request_frame = matches!(first, "can" | "could" | "would" | "will") && second == "you";
+    let verb_at = if request_frame {
+        (start + 2..w.len())
+            .find(|&i| !lx.is(i, class::LEAD_FILLER))
+            .unwrap_or(w.len())
+    } else {
+        start
+    };
+    // "Commit messages: imperative", "test names: …": a label, not a
+    // log line's header ("Error: …", "Caused by: …") or a counter's.
+    let label = c.colon_after.filter(|&k| {
+        (1..=6).contains(&k)
+            && w.len() > k
+            && !LOG_LABELS.contains(&w[k - 1].as_str())
+            && !LOG_LEVELS.contains(&w[0].as_str())
+            && !SUBJECT_PRONOUNS.contains(&w[0].as_str())
+            && !matches!(w[0].as_str(), "from" | "to" | "re" | "at" | "in")
+            // "Turn 3:", "Step 2:": a counter's heading.
+            && !w[k - 1].chars().all(|c| c.is_ascii_digit())
+            && !(0..k).any(|i| lx.is(i, class::SAYING | class::SHOWING_VERB))
+    });
+    // A short label opens with a noun ("Log lines: JSON"), not a verb.
+    let labelled = label.is_some_and(|k| k <= 3);
+    let imperative = ((lx.is(start, class::IMPERATIVE)
         || matches!(first, "don't" | "dont" | "never" | "always")
         || (first == "do" && second == "not"))
-        && !c.question_mark;
+        && !c.question_mark
+        && !labelled)
+        || (request_frame && lx.is(verb_at, class::IMPERATIVE));
     if imperative {
         f.set(Feature::Imperative);
     }
     // "no tabs", "zero deps", also after a label: "Reminder: no PII".
     let ban_at = |i: usize| {
-        let head = w.get(i).map(String::as_str).unwrap_or("");
-        let next = w.get(i + 1).map(String::as_str).unwrap_or("");
+        let next = word(i + 1);
         // "No, use the other one" is an answer, not a ban.
         let interjection = i == start && c.first_punctuated;
-        BAN_HEADS.contains(&head)
+        lx.is(i, class::BAN_HEAD)
             && !next.is_empty()
             && !interjection
             && !BAN_NOT_FOLLOWED_BY.contains(&next)
     };
     // Also inside a list of rules: "…, and no new dependencies",
     // "absolutely no DB writes".
-    let ban_inside = (1..w.len()).any(|i| BAN_LEADERS.contains(&w[i - 1].as_str()) && ban_at(i));
-    if ban_at(start) || c.colon_after.is_some_and(ban_at) || ban_inside {
+    let ban_inside = (1..w.len()).any(|i| lx.is(i - 1, class::BAN_LEADER) && ban_at(i));
+    if ban_at(start)
+        || c.colon_after.is_some_and(ban_at)
+        || c.breaks.iter().any(|&k| ban_at(k))
+        || ban_inside
+    {
         f.set(Feature::NounBan);
     }
-    let label = c.colon_after.filter(|&k| {
-        (1..=6).contains(&k)
-            && w.len() > k
-            && !LOG_LABELS.contains(&w[0].as_str())
-            && !SUBJECT_PRONOUNS.contains(&w[0].as_str())
-    });
     if label.is_some() || c.arrow {
         f.set(Feature::LabelColon);
     }
@@ -480,19 +708,49 @@ fn describe(c: &Cut) -> Features {
     if scope {
         f.set(Feature::Scope);
     }
+    // "all new code", "every PR", not "all the PNGs" or "each of the
+    // TODOs" (one set of things).
+    if (0..w.len())
+        .any(|i| lx.is(i, class::QUANTIFIER) && !lx.is(i + 1, class::DEFINITE_AFTER_QUANTIFIER))
+    {
+        f.set(Feature::Quantifier);
+    }
     if found.has(Set::Preference) {
         f.set(Feature::Preference);
     }
-    if found.has(Set::Polite) {
+    let opens_question = WH_WORDS.contains(&first)
+        || (AUXILIARIES.contains(&first) && QUESTION_SUBJECTS.contains(&second));
+    let asks = c.question_mark || opens_question;
+    // "please" asks something of the reader; "what would you use?" only
+    // asks.
+    if found.has(Set::Polite) && (request_frame || !asks) {
         f.set(Feature::Polite);
     }
-    if CONDITION_OPENERS.contains(&first) && found.has(Set::ConditionAction) {
+    // The action of a condition: a word of acting, or an imperative right
+    // after the condition's comma ("if you touch billing, tag me").
+    let acts_after_comma = c
+        .breaks
+        .first()
+        .is_some_and(|&k| lx.is(k, class::IMPERATIVE | class::TASK));
+    // "should we use redis?" and "where should it go" open like "should
+    // it fail, stop" and "when in doubt, ask", but ask.
+    let opens_condition = CONDITION_OPENERS.contains(&first) || (first == "in" && second == "case");
+    if opens_condition
+        && (found.has(Set::ConditionAction) || acts_after_comma)
+        && !c.question_mark
+        && (!opens_question || !c.breaks.is_empty())
+    {
         f.set(Feature::Conditional);
     }
     let stop_doing = w
         .windows(2)
         .any(|p| matches!(p[0].as_str(), "stop" | "quit") && p[1].ends_with("ing"));
-    if stop_doing || found.has(Set::Correction) {
+    // "again" corrects when it forbids or opens the sentence ("again,
+    // tests go in tests/"), not in "run it again".
+    let corrects_again =
+        neg || (first == "again" && c.first_punctuated) || w.iter().any(|x| x == "wrong");
+    let again = found.has(Set::Again) && corrects_again;
+    if stop_doing || again || found.has(Set::Correction) {
         f.set(Feature::Correction);
     }
     if found.has(Set::SecondPerson) {
@@ -504,10 +762,11 @@ fn describe(c: &Cut) -> Features {
     if c.question_mark {
         f.set(Feature::Question);
     }
-    let opens_question = WH_WORDS.contains(&first)
-        || (AUXILIARIES.contains(&first) && QUESTION_SUBJECTS.contains(&second));
     if opens_question {
         f.set(Feature::QuestionOpening);
+    }
+    if asks && !request_frame {
+        f.set(Feature::OpenQuestion);
     }
     let temporal = found.has(Set::Temporal);
     if temporal {
@@ -516,6 +775,8 @@ fn describe(c: &Cut) -> Features {
     if found.has(Set::Step)
         || w.windows(2)
             .any(|p| p[0] == "line" && p[1].chars().all(|c| c.is_ascii_digit()))
+        || points_at_step(w, &c.breaks)
+        || (found.has(Set::Again) && !corrects_again)
     {
         f.set(Feature::StepLocal);
     }
@@ -523,9 +784,28 @@ fn describe(c: &Cut) -> Features {
     if report {
         f.set(Feature::Report);
     }
+    // "if the user asks for …" is a condition, not a report.
+    if attributed(w, lx) && !opens_condition {
+        f.set(Feature::Attributed);
+    }
+    // "use pathlib, not os.path", "comments explain why, not what".
+    if c.breaks.iter().any(|&k| word(k) == "not") {
+        f.set(Feature::Contrast);
+    }
+    if agent_clause(w, lx, start) {
+        f.set(Feature::AgentClause);
+    }
+    // "we never had this problem" tells, "we never push on Fridays" rules.
+    let third = start + 2;
+    // So does "I only have read access": the writer's own state.
+    let tells_past = matches!(second, "never" | "always" | "only")
+        && (found_past(word(third))
+            || regular_past(word(third), lx, third)
+            || (first == "i" && WRITER_STATES.contains(&word(third))));
     if STATEMENT_SUBJECTS.contains(&first)
-        && !MODAL_AFTER_SUBJECT.contains(&second)
-        && !(first == "you" || (first == "we" && matches!(second, "never" | "always" | "only")))
+        && (!MODAL_AFTER_SUBJECT.contains(&second) || tells_past)
+        && !(first == "you"
+            || (first == "we" && matches!(second, "never" | "always" | "only") && !tells_past))
     {
         f.set(Feature::Statement);
     }
@@ -535,7 +815,7 @@ fn describe(c: &Cut) -> Features {
     if found.has(Set::Epistemic) {
         f.set(Feature::Epistemic);
     }
-    if found.has(Set::Past) || w.iter().any(|x| is_regular_past(x)) {
+    if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
     }
     if found.has(Set::ForeignDirective) {
@@ -554,10 +834,10 @@ fn describe(c: &Cut) -> Features {
     if directive && temporal {
         f.set(Feature::DirectiveTemporal);
     }
-    if directive && (c.question_mark || opens_question) {
+    if directive && asks {
         f.set(Feature::DirectiveQuestion);
     }
-    if directive && report {
+    if directive && (report || f.on(Feature::Attributed)) {
         f.set(Feature::DirectiveReport);
     }
     if label.is_some() && format {
@@ -566,35 +846,322 @@ fn describe(c: &Cut) -> Features {
     if imperative && neg {
         f.set(Feature::NegativeImperative);
     }
-    if found.has(Set::Polite) && (c.question_mark || opens_question) {
+    if found.has(Set::Polite) && request_frame && asks {
         f.set(Feature::PoliteQuestion);
     }
     // "can you write …", "could you please add …": the verb after the
     // request's frame.
-    let verb = match (first, second) {
-        ("can" | "could" | "would" | "will", "you") => w[start + 2..]
-            .iter()
-            .map(String::as_str)
-            .find(|x| !LEAD_FILLERS.contains(x))
-            .unwrap_or(""),
-        _ => first,
-    };
-    if TASK_VERBS.binary_search(&verb).is_ok() {
+    let task = lx.is(verb_at, class::TASK) && !labelled;
+    if task {
         f.set(Feature::TaskVerb);
+    }
+    // "draft an email announcing that we'll never …": what the task
+    // produces says it, the writer does not.
+    if task && (verb_at + 1..w.len()).any(|i| TASK_CONTENT.contains(&w[i].as_str())) {
+        f.set(Feature::TaskContent);
+    }
+    let maintaining = lx.is(verb_at, class::MAINTAINING);
+    if maintaining {
+        f.set(Feature::Maintaining);
+    }
+    if lx.is(verb_at, class::IMPERATIVE | class::TASK)
+        && !neg
+        && !c.question_mark
+        && !maintaining
+        && specific_object(w, lx, verb_at + 1)
+    {
+        f.set(Feature::SpecificObject);
     }
     f
 }
 
-/// Whether a line introduces what follows as something shown rather than
-/// said: a word of showing, and a colon or a short line.
-fn presents(words: &[String], colon: bool) -> bool {
-    (colon || words.len() <= 8) && words.iter().any(|w| SHOWING_WORDS.contains(&w.as_str()))
+/// Whether the words from `from` on, after particles ("clean up the …",
+/// "go ahead and merge it"), open by naming one particular thing: a
+/// definite or demonstrative determiner, a pronoun, or "a"/"an".
+fn specific_object(w: &[String], lx: &Lexed, from: usize) -> bool {
+    let mut at = (from..w.len()).find(|&i| !lx.is(i, class::PARTICLE));
+    // "remember to save the file", "be sure to restart the server": the
+    // object of the verb that follows.
+    for _ in 0..2 {
+        if let Some(i) = at
+            && (w[i] == "sure" || lx.is(i, class::IMPERATIVE | class::TASK))
+        {
+            at = (i + 1..w.len()).find(|&k| !lx.is(k, class::PARTICLE));
+        }
+    }
+    // "in the same language" names a kind, not a thing.
+    at.is_some_and(|i| lx.is(i, class::SPECIFIC) && w.get(i + 1).is_none_or(|n| n != "same"))
 }
 
-/// Whether the line holding byte `at` starts with `>` (a quotation).
-fn quoted_line(text: &str, at: usize) -> bool {
-    let line_start = text[..at].rfind('\n').map_or(0, |n| n + 1);
-    text[line_start..].trim_start().starts_with('>')
+/// Whether someone other than the writer is said to have said or wanted
+/// something: a verb of saying after a subject that is not "I", or an
+/// attribution ("according to", "apparently").
+fn attributed(w: &[String], lx: &Lexed) -> bool {
+    (0..w.len()).any(|i| {
+        lx.is(i, class::ATTRIBUTION)
+            || (w[i] == "according" && w.get(i + 1).is_some_and(|n| n == "to"))
+            || (lx.is(i, class::SAYING) && {
+                // The subject, past adverbs: "you always mentioned"; "used
+                // to say" reports, "needless to say" does not.
+                let subject = (0..i).rev().find(|&k| !lx.is(k, class::AGENT_ADVERB));
+                subject.is_some_and(|k| {
+                    !lx.is(k, class::WRITER)
+                        || (w[k] == "to"
+                            && k > 0
+                            && matches!(w[k - 1].as_str(), "used" | "likes" | "keeps"))
+                })
+            })
+    })
+}
+
+/// Whether a regular past tense tells what happened: an "-ed" word not
+/// after a determiner, a preposition or a verb, where it is an adjective
+/// ("the generated files", "rewrite published history").
+fn told_in_past(w: &[String], lx: &Lexed) -> bool {
+    (1..w.len()).any(|i| {
+        regular_past(&w[i], lx, i)
+            && !lx.is(
+                i - 1,
+                class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
+            )
+    })
+}
+
+/// A clause about what the agent will do, inside a sentence: "whenever
+/// you change …", "every PR you open", "before you write code". Not a
+/// question's "do you" or a request's "can you", not the past ("the
+/// change you made"), and not one step's clause ("before you send it").
+fn agent_clause(w: &[String], lx: &Lexed, start: usize) -> bool {
+    (start + 1..w.len()).any(|i| {
+        let you = w[i].as_str();
+        if !matches!(you, "you" | "you're") {
+            return false;
+        }
+        let before = w[i - 1].as_str();
+        if AUXILIARIES.contains(&before) || matches!(before, "thank" | "to" | "let" | "for") {
+            return false;
+        }
+        let at = (i + 1..w.len())
+            .find(|&k| !lx.is(k, class::AGENT_ADVERB))
+            .unwrap_or(w.len());
+        let object = w.get(at + 1).map(String::as_str).unwrap_or("");
+        (you == "you're" || lx.is(at, class::IMPERATIVE | class::TASK | class::AGENT_VERB))
+            && !matches!(object, "it" | "this" | "that" | "them" | "these" | "those")
+    })
+}
+
+/// One line of a text, as the segments on it see it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Line {
+    /// Where it starts.
+    start: usize,
+    /// Where its line break is (or the text ends).
+    end: usize,
+    /// Shaped like machine output ([`output_line`]).
+    output: bool,
+    /// A quotation: it starts with `>`.
+    quoted: bool,
+}
+
+/// Finds the lines of a text for positions that only move forward, each
+/// line once.
+struct Lines<'t> {
+    text: &'t str,
+    current: Option<Line>,
+    /// Where the last search for a line break started, and the break it
+    /// found (none: the text ends first).
+    next_break: Option<(usize, Option<usize>)>,
+}
+
+impl<'t> Lines<'t> {
+    fn new(text: &'t str) -> Self {
+        Lines {
+            text,
+            current: None,
+            next_break: None,
+        }
+    }
+
+    /// The line holding byte `at` (a line break belongs to the line it
+    /// ends).
+    fn holding(&mut self, at: usize) -> Line {
+        let at = at.min(self.text.len());
+        if let Some(line) = self.current
+            && line.start <= at
+            && at <= line.end
+        {
+            return line;
+        }
+        let from = self.current.map_or(0, |l| l.end.min(at));
+        let start = self.text[from..at]
+            .rfind('\n')
+            .map_or(from, |n| from + n + 1);
+        let end = self.text[at..]
+            .find('\n')
+            .map_or(self.text.len(), |n| at + n);
+        let body = self.text.get(start..end).unwrap_or("");
+        let line = Line {
+            start,
+            end,
+            output: output_line(body),
+            quoted: body.trim_start().starts_with('>'),
+        };
+        self.current = Some(line);
+        line
+    }
+
+    /// Whether a line break follows byte `at` with at most one visible
+    /// character before it (the colon of "here's the log:").
+    fn ends_after(&mut self, at: usize) -> bool {
+        let at = at.min(self.text.len());
+        let found = match self.next_break {
+            Some((from, found)) if from <= at && found.is_none_or(|b| b >= at) => found,
+            _ => {
+                let found = self.text[at..].find('\n').map(|n| at + n);
+                self.next_break = Some((at, found));
+                found
+            }
+        };
+        found.is_some_and(|b| self.text[at..b].trim().len() <= 1)
+    }
+}
+
+/// Whether a segment opens as a code comment: "// …", "# DO NOT EDIT".
+fn comment(segment: &str) -> bool {
+    let s = segment.trim_start();
+    s.starts_with("//") || shouted_comment(s)
+}
+
+/// Whether a line is shaped like machine output rather than something a
+/// person typed: a log level ("ERROR", "error:", "npm ERR!"), a time stamp
+/// at its start, a `file.ext:12` position, a stack frame, a compiler's
+/// pointer (`-->`, `= note:`), a shell prompt, a code comment, code's
+/// indentation, or more symbols and digits than letters.
+fn output_line(line: &str) -> bool {
+    let t = line.trim();
+    if t.is_empty() {
+        return false;
+    }
+    if OUTPUT_LINE_OPENERS.iter().any(|p| t.starts_with(p))
+        || stamp_at_start(t)
+        || t.starts_with(OUTPUT_SYMBOLS)
+        || comment(t)
+        || t.contains("***")
+        || (t.starts_with('[') && t.ends_with(']'))
+    {
+        return true;
+    }
+    // Indented like code, not like a list.
+    let indent = line.len() - line.trim_start().len();
+    if (indent >= 4 || line.starts_with('\t'))
+        && !t.starts_with(['-', '*', '•', '+'])
+        && !numbered(t)
+    {
+        return true;
+    }
+    let (letters, visible) = t.chars().fold((0usize, 0usize), |(l, v), c| {
+        (
+            l + usize::from(c.is_alphabetic()),
+            v + usize::from(!c.is_whitespace()),
+        )
+    });
+    if letters * 2 < visible {
+        return true;
+    }
+    let mut tokens = t.split_whitespace();
+    let first = tokens.next().unwrap_or("");
+    let bare = first.trim_start_matches(['[', '(']);
+    let level = |w: &str| {
+        let name = w.trim_end_matches([':', '!', ']', ',']);
+        LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l))
+            && (w.ends_with([':', '!', ']']) || name.chars().all(|c| c.is_ascii_uppercase()))
+    };
+    // A program's name or path before its message: "/usr/bin/ld: …".
+    let path_label =
+        first.ends_with(':') && first.starts_with(['/', '.', '~']) && first.contains('/');
+    let class_label = ["Error:", "Exception:", "Warning:"]
+        .iter()
+        .any(|k| bare.len() > k.len() && bare.ends_with(k));
+    if level(bare)
+        || bare.starts_with("error[")
+        || bare.starts_with("warning[")
+        || class_label
+        || path_label
+    {
+        return true;
+    }
+    // "COPY failed: …", "scheduler: error: …".
+    if t.split_whitespace().take(3).skip(1).any(|w| {
+        w.strip_suffix(':')
+            .is_some_and(|name| LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l)))
+    }) {
+        return true;
+    }
+    // A log level in capitals further on ("npm ERR!", "[12:01] ERROR"),
+    // or a compiler's "file.ext:12" position.
+    t.split_whitespace().any(|w| {
+        let name = w.trim_matches(|c: char| !c.is_alphanumeric());
+        (name.len() >= 3
+            && name.chars().all(|c| c.is_ascii_uppercase())
+            && LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l)))
+            || file_position(w)
+    })
+}
+
+/// A comment in capitals: "# DO NOT EDIT", "-- GENERATED".
+fn shouted_comment(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('#').or_else(|| s.strip_prefix("--")) else {
+        return false;
+    };
+    let word: String = rest
+        .trim_start_matches(['#', ' '])
+        .chars()
+        .take_while(|c| c.is_alphabetic())
+        .collect();
+    word.chars().count() >= 2 && word.chars().all(char::is_uppercase)
+}
+
+/// Whether a line opens like an item of a numbered list ("1.", "2)").
+fn numbered(t: &str) -> bool {
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    digits > 0 && t[digits..].starts_with(['.', ')'])
+}
+
+/// A time stamp or date at the start of a line: digits, a separator
+/// (`-`, `:`, `/`) and more digits, perhaps in brackets.
+fn stamp_at_start(t: &str) -> bool {
+    let b = t.trim_start_matches(['[', '(']).as_bytes();
+    let digits = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    (1..=4).contains(&digits)
+        && b.get(digits)
+            .is_some_and(|c| matches!(c, b'-' | b':' | b'/'))
+        && b.get(digits + 1).is_some_and(u8::is_ascii_digit)
+}
+
+/// A source position in a word: a file name with an extension, then
+/// `:12` or `(12,`: "src/app.ts:12:5", "Foo.java:181)", "client.ts(88,14)".
+fn file_position(word: &str) -> bool {
+    let word = word.trim_start_matches(|c: char| !c.is_alphanumeric() && c != '.' && c != '/');
+    let Some(cut) = word.find([':', '(']) else {
+        return false;
+    };
+    let (name, rest) = word.split_at(cut);
+    let has_extension = name.rsplit_once('.').is_some_and(|(stem, ext)| {
+        !stem.is_empty()
+            && (1..=5).contains(&ext.len())
+            && ext.chars().all(|c| c.is_ascii_alphabetic())
+    });
+    has_extension
+        && rest
+            .get(1..)
+            .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// Whether a line introduces what follows as something shown rather than
+/// said: a word of showing, and a colon or a short line.
+fn presents(lx: &Lexed, colon: bool) -> bool {
+    let has = |class: u32| lx.classes.iter().any(|c| c & class != 0);
+    (colon || lx.classes.len() <= 8) && has(class::SHOWING) && !has(class::RULE_NOUN)
 }
 
 /// Whether most of a text is output rather than prose: code fences, or
@@ -613,15 +1180,18 @@ fn output_like(text: &str) -> bool {
     {
         lines += 1;
         let t = line.trim_start();
-        let lower = t.to_lowercase();
         let indented = line.len() - t.len() >= 2;
         let starts_digit = t.starts_with(|c: char| c.is_ascii_digit());
+        let opens_with = |p: &str| {
+            t.get(..p.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(p))
+        };
         if indented
             || starts_digit
-            || OUTPUT_LINE_STARTS.iter().any(|p| lower.starts_with(p))
+            || OUTPUT_LINE_STARTS.iter().any(|p| opens_with(p))
             || t.starts_with(['$', '>', '[', '{', '}', '|', '+', '#', '/', '<', '@', '='])
-            || lower.contains("::")
-            || lower.contains("==")
+            || t.contains("::")
+            || t.contains("==")
             || t.ends_with([';', '{', '}', ')', ','])
         {
             shaped += 1;
@@ -630,13 +1200,43 @@ fn output_like(text: &str) -> bool {
     lines >= 3 && shaped * 3 >= lines * 2
 }
 
-fn is_ack(words: &[String]) -> bool {
-    words.iter().all(|w| ACK_WORDS.contains(&w.as_str()))
+/// Steps named by a word: "now" (not "from now on"), "next" (not "next
+/// time"), "then"; or a demonstrative before a noun that is not
+/// the whole of the work ("this snippet", "that table", but not "this
+/// repo").
+fn points_at_step(w: &[String], breaks: &[usize]) -> bool {
+    w.iter().enumerate().any(|(i, x)| {
+        let before = i.checked_sub(1).and_then(|k| w.get(k)).map(String::as_str);
+        let after = w.get(i + 1).map(String::as_str).unwrap_or("");
+        match x.as_str() {
+            "now" => !matches!(before, Some("from" | "till" | "until" | "til")),
+            "next" => !matches!(after, "time" | "times" | "to"),
+            "then" => true,
+            // "use python3.11 for this, …", "try that".
+            "this" | "that" if i + 1 == w.len() || breaks.binary_search(&(i + 1)).is_ok() => {
+                i > 0 && !matches!(before, Some("like" | "as" | "keep" | "remember"))
+            }
+            "this" | "that" | "these" | "those" => {
+                !after.is_empty()
+                    && after != CODE
+                    && !WHOLE_OF_THE_WORK.contains(&after)
+                    && !NOT_A_NOUN_AFTER_THIS.contains(&after)
+                    && !MODAL_AFTER_SUBJECT.contains(&after)
+            }
+            _ => false,
+        }
+    })
 }
 
-/// A past tense by its "-ed" (irregular ones are in the lexicon).
-fn is_regular_past(word: &str) -> bool {
-    word.len() >= 5 && word.ends_with("ed") && !word.ends_with("eed") && !NOT_PAST.contains(&word)
+/// Whether word `i` is a past tense by its "-ed" (irregular ones are in
+/// the lexicon).
+fn regular_past(word: &str, lx: &Lexed, i: usize) -> bool {
+    word.len() >= 5 && word.ends_with("ed") && !word.ends_with("eed") && !lx.is(i, class::NOT_PAST)
+}
+
+/// Whether a word is an irregular past tense the lexicon knows.
+fn found_past(word: &str) -> bool {
+    super::modal::IRREGULAR_PAST.contains(&word) || MORE_PAST.contains(&word)
 }
 
 #[cfg(test)]
@@ -681,6 +1281,76 @@ mod tests {
     }
 
     #[test]
+    fn words_given_to_others_are_attributed() {
+        assert!(on("the docs say you must never call init twice").contains(&"attributed"));
+        assert!(on("my lead keeps saying no ORMs").contains(&"attributed"));
+        assert!(on("our old agency used to say no stock photos").contains(&"attributed"));
+        assert!(!on("as I said, never push to main").contains(&"attributed"));
+        assert!(!on("if the user asks for a refund, escalate").contains(&"attributed"));
+        // What a reporting lead-in introduces after its colon is shown.
+        let segs = segments(
+            "the old team wrote in the wiki: never touch the billing cron",
+            false,
+        );
+        assert_eq!(segs.len(), 2);
+        assert!(segs[1].features.on(Feature::Shown));
+    }
+
+    #[test]
+    fn lines_of_output_are_seen() {
+        for line in [
+            "[2025-03-02 08:14:55,120] WARNING  scheduler: must not run twice",
+            "src/app.ts:12:5  error  'var' must never be used  no-var",
+            "npm ERR! peer dep missing: react@^18",
+            "TypeError: Cannot read properties of null (reading 'id')",
+            "    at CheckoutForm.submit (checkout.js:214:31)",
+            "# DO NOT EDIT - generated",
+        ] {
+            assert!(on(line).contains(&"output_line"), "{line}");
+            assert!(on(line).contains(&"pasted"), "{line}");
+        }
+        for line in [
+            "1. never rebase shared branches",
+            "- no force pushes",
+            "Error messages: lowercase, no trailing period",
+            "at most 4 parallel workers",
+        ] {
+            assert!(!on(line).contains(&"output_line"), "{line}");
+        }
+    }
+
+    #[test]
+    fn one_piece_of_work_is_told_from_a_way_of_working() {
+        assert!(on("fix the typo on line 3").contains(&"specific_object"));
+        assert!(on("be sure to restart the server").contains(&"specific_object"));
+        let keep = on("keep the public API backwards compatible");
+        assert!(keep.contains(&"maintaining") && !keep.contains(&"specific_object"));
+        assert!(on("add tests for every bug you fix").contains(&"quantifier"));
+        assert!(!on("convert all the PNGs to webp").contains(&"quantifier"));
+        assert!(
+            on("update the docs whenever you change a public function").contains(&"agent_clause")
+        );
+        assert!(!on("double-check the table before you send it").contains(&"agent_clause"));
+        assert!(on("use pathlib, not os.path").contains(&"contrast"));
+        assert!(
+            on("draft an email announcing that we'll never support python 2")
+                .contains(&"task_content")
+        );
+        assert!(!on("never mind the lint errors").contains(&"neg_modal"));
+    }
+
+    #[test]
+    fn questions_ask_and_requests_request() {
+        let asks = on("should we use redis instead?");
+        assert!(asks.contains(&"open_question") && !asks.contains(&"conditional"));
+        let requests = on("could you keep the answers short from now on?");
+        assert!(!requests.contains(&"open_question") && requests.contains(&"polite"));
+        assert!(on("if you touch billing, tag me on the PR").contains(&"conditional"));
+        assert!(on("use python3.11 for this, the default one is broken").contains(&"step_local"));
+        assert!(!on("in this repo we use pnpm").contains(&"step_local"));
+    }
+
+    #[test]
     fn code_is_one_placeholder_and_segments_cover_the_text() {
         let text = "Use `snake_case` for files.\nNever run ```rm -rf /``` again!";
         let segs = segments(text, false);
@@ -690,6 +1360,59 @@ mod tests {
         for s in &segs {
             assert!(s.range.0 <= s.range.1 && s.range.1 <= text.len());
             assert!(text.is_char_boundary(s.range.0) && text.is_char_boundary(s.range.1));
+        }
+    }
+
+    #[test]
+    fn idioms_are_listed_by_their_heads() {
+        assert!(
+            IDIOMS
+                .iter()
+                .all(|(idiom, _)| IDIOM_HEADS.contains(&idiom[0]))
+        );
+        let segs = segments("never mind never mind: don't forget, never mind", false);
+        assert!(segs.iter().all(|s| !s.features.on(Feature::NegModal)));
+    }
+
+    /// Many sentences on one line, many idioms, breaks and quotes in one
+    /// sentence: each line and each word is read a bounded number of times.
+    #[test]
+    fn huge_texts_stay_linear() {
+        use std::time::{Duration, Instant};
+        let texts = [
+            "a. ".repeat(60_000),
+            "never mind ".repeat(30_000),
+            "this, ".repeat(30_000),
+            "\"said\" 'no' ".repeat(20_000),
+            "error: x.rs:1: boom\n".repeat(10_000),
+            "you always always said ".repeat(10_000),
+        ];
+        let start = Instant::now();
+        for t in &texts {
+            let _ = segments(t, false);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 256,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        #[test]
+        fn segments_never_panic_and_stay_on_char_boundaries(
+            t in "[`'\"a-z ;.,:!?\n_/>#*\\[\\]()-]{0,120}|\\PC{0,60}"
+        ) {
+            for s in segments(&t, false) {
+                proptest::prop_assert!(s.range.0 <= s.range.1 && s.range.1 <= t.len());
+                proptest::prop_assert!(t.is_char_boundary(s.range.0));
+                proptest::prop_assert!(t.is_char_boundary(s.range.1));
+            }
         }
     }
 
@@ -707,6 +1430,17 @@ mod tests {
             "->",
             "<",
             "…?",
+            "'",
+            "“",
+            "”x",
+            "a: b: c: d: e: f: g: h: i",
+            "x - y — z",
+            "never mind",
+            "i need to",
+            "> said: x",
+            "    # DO",
+            "a.b.",
+            "\n\n;\n",
         ] {
             let _ = segments(text, true);
         }

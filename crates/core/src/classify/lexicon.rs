@@ -10,6 +10,7 @@ pub(super) const TASK_VERBS: &[&str] = &[
     "add",
     "benchmark",
     "build",
+    "bump",
     "calculate",
     "chart",
     "check",
@@ -20,12 +21,14 @@ pub(super) const TASK_VERBS: &[&str] = &[
     "debug",
     "delete",
     "deploy",
+    "double",
     "draft",
     "draw",
     "explain",
     "find",
     "fix",
     "generate",
+    "go",
     "hook",
     "implement",
     "install",
@@ -79,8 +82,6 @@ pub(super) const SHOWING_WORDS: &[&str] = &[
     "linter",
     "log",
     "logs",
-    "message",
-    "messages",
     "output",
     "printed",
     "prints",
@@ -96,6 +97,13 @@ pub(super) const SHOWING_WORDS: &[&str] = &[
     "traceback",
     "warning",
     "warnings",
+    "reads",
+    "complains",
+    "gives",
+    "spat",
+    "copied",
+    "pasted",
+    "blew",
 ];
 
 /// Words skipped before the first meaningful one.
@@ -150,6 +158,12 @@ pub(super) const NEG_MODAL_PHRASES: &[&str] = &[
     "stay away from",
     "hands off",
     "not ever",
+    "rather you didn't",
+    "rather you did not",
+    "if you didn't",
+    "if you did not",
+    "if you wouldn't",
+    "if you would not",
 ];
 
 pub(super) const NEG_MODAL_WORDS: &[&str] = &[
@@ -197,7 +211,6 @@ pub(super) const REQ_MODAL_WORDS: &[&str] = &[
     "shall",
     "gotta",
     "needs",
-    "every",
 ];
 
 pub(super) const RESTRICT_PHRASES: &[&str] = &[
@@ -264,6 +277,7 @@ pub(super) const IMPERATIVE_VERBS: &[&str] = &[
     "copy",
     "create",
     "cut",
+    "decline",
     "default",
     "defer",
     "delete",
@@ -335,6 +349,7 @@ pub(super) const IMPERATIVE_VERBS: &[&str] = &[
     "name",
     "notify",
     "number",
+    "offer",
     "omit",
     "open",
     "order",
@@ -364,6 +379,7 @@ pub(super) const IMPERATIVE_VERBS: &[&str] = &[
     "raise",
     "read",
     "rebase",
+    "recommend",
     "record",
     "redact",
     "reduce",
@@ -390,6 +406,7 @@ pub(super) const IMPERATIVE_VERBS: &[&str] = &[
     "route",
     "run",
     "save",
+    "say",
     "scope",
     "send",
     "separate",
@@ -412,6 +429,7 @@ pub(super) const IMPERATIVE_VERBS: &[&str] = &[
     "structure",
     "submit",
     "suffix",
+    "suggest",
     "summarise",
     "summarize",
     "switch",
@@ -461,7 +479,8 @@ pub(super) const BAN_HEADS: &[&str] = &["no", "zero", "nothing", "none", "withou
 /// After "no": an interjection or an idiom, not a ban.
 pub(super) const BAN_NOT_FOLLOWED_BY: &[&str] = &[
     "problem", "worries", "idea", "clue", "way", "i", "you", "we", "it", "that's", "that",
-    "thanks", "luck", "matter", "one", "doubt", "rush", "need", "biggie", "longer", "sir",
+    "thanks", "luck", "matter", "one", "doubt", "rush", "need", "biggie", "longer", "sir", "was",
+    "is", "were", "are", "has", "had", "happened", "changed", "else", "works", "worked", "left",
 ];
 
 /// Labels of log lines and headers, which say nothing about behaviour.
@@ -477,6 +496,7 @@ pub(super) const LOG_LABELS: &[&str] = &[
     "exception",
     "traceback",
     "caused",
+    "by",
     "at",
     "http",
     "https",
@@ -545,6 +565,9 @@ pub(super) const FORMAT_WORDS: &[&str] = &[
     "case",
     "indent",
     "indentation",
+    "digits",
+    "spelled",
+    "numerals",
     "tabs",
     "spaces",
     "tone",
@@ -630,6 +653,17 @@ pub(super) const SCOPE_PHRASES: &[&str] = &[
     "at all times",
     "by default",
     "no matter",
+    "no exceptions",
+    "even when",
+    "even if",
+    "even for",
+    "even in",
+    "not even",
+    "whole project",
+    "whole codebase",
+    "whole repo",
+    "entire project",
+    "entire codebase",
     "in general",
     "as a rule",
     "in this repo",
@@ -644,12 +678,10 @@ pub(super) const SCOPE_PHRASES: &[&str] = &[
     "in this team",
     "in our",
     "for every",
-    "for all",
-    "in all",
-    "across all",
+    "for everything",
+    "for anything",
     "all new",
     "any new",
-    "all the",
     "until i say",
     "until further notice",
     "unless i say",
@@ -665,21 +697,25 @@ pub(super) const SCOPE_WORDS: &[&str] = &[
     "henceforth",
     "everywhere",
     "anywhere",
-    "anything",
-    "everything",
     "throughout",
     "whenever",
     "anytime",
     "regardless",
     "ever",
     "forever",
-    "any",
-    "all",
-    "every",
-    "each",
     "globally",
     "consistently",
     "permanently",
+];
+
+/// Quantifiers over things: wider than one object, but common in tasks
+/// and holds too.
+pub(super) const QUANTIFIERS: &[&str] = &["any", "all", "every", "each"];
+
+/// Words after a quantifier that make it count one set of things ("all
+/// the PNGs", "each of these").
+pub(super) const DEFINITE_AFTER_QUANTIFIER: &[&str] = &[
+    "the", "of", "these", "those", "this", "that", "my", "our", "them",
 ];
 
 pub(super) const PREFERENCE_PHRASES: &[&str] = &[
@@ -738,11 +774,11 @@ pub(super) const POLITE_PHRASES: &[&str] = &[
     "be good if",
 ];
 
-pub(super) const POLITE_WORDS: &[&str] = &["please", "pls", "plz", "kindly", "thanks", "ty"];
+pub(super) const POLITE_WORDS: &[&str] = &["please", "pls", "plz", "kindly"];
 
 pub(super) const CONDITION_OPENERS: &[&str] = &[
-    "if", "when", "whenever", "unless", "once", "before", "after", "anytime", "should", "in",
-    "where", "wherever", "while",
+    "if", "when", "whenever", "unless", "once", "before", "after", "anytime", "should", "where",
+    "wherever", "while",
 ];
 
 pub(super) const CONDITION_ACTIONS: &[&str] = &[
@@ -760,13 +796,14 @@ pub(super) const CORRECTION_PHRASES: &[&str] = &[
     "i told you",
     "i said",
     "i meant",
+    "you keep",
+    "you still",
     "how many times",
     "that's wrong",
     "thats wrong",
     "that is wrong",
     "not what i",
     "wrong again",
-    "again",
     "stop it",
     "cut it out",
     "enough with",
@@ -777,6 +814,239 @@ pub(super) const CORRECTION_PHRASES: &[&str] = &[
     "instead",
     "correction",
     "actually",
+];
+
+/// Verbs of saying, writing and wanting: words given to someone, when
+/// the subject before them is not the writer ([`WRITER`]).
+pub(super) const SAYING_VERBS: &[&str] = &[
+    "say",
+    "says",
+    "said",
+    "saying",
+    "told",
+    "tells",
+    "telling",
+    "wrote",
+    "mentioned",
+    "mentions",
+    "claims",
+    "claimed",
+    "insists",
+    "insisted",
+    "swears",
+    "swore",
+    "states",
+    "stated",
+    "warned",
+    "warns",
+    "suggested",
+    "suggests",
+    "recommended",
+    "recommends",
+    "reckons",
+    "wants",
+    "wanted",
+    "asked",
+    "asks",
+    "reads",
+];
+
+/// Words before a verb of saying that keep it the writer's own ("as I
+/// said", "until I say") or make it no report ("needless to say").
+pub(super) const WRITER: &[&str] = &[
+    "i", "i've", "i'd", "i'll", "i'm", "we", "we've", "you", "you've", "you'd", "to",
+];
+
+/// Words that attribute what follows to someone else.
+pub(super) const ATTRIBUTIONS: &[&str] = &[
+    "apparently",
+    "supposedly",
+    "reportedly",
+    "allegedly",
+    "rumour",
+    "rumor",
+    "fwiw",
+];
+
+/// Words after an imperative's verb that do not yet name its object.
+pub(super) const VERB_PARTICLES: &[&str] = &[
+    "up", "out", "on", "off", "back", "over", "down", "through", "ahead", "and", "just", "quickly",
+    "also", "again", "in", "into", "at", "to", "with", "me", "us",
+];
+
+/// Determiners and pronouns that name one particular thing.
+pub(super) const SPECIFIC_DETERMINERS: &[&str] = &[
+    "the", "this", "that", "these", "those", "it", "them", "my", "his", "her", "a", "an", "one",
+];
+
+/// Verbs that keep a state rather than do one piece of work: "keep the
+/// API stable" holds however definite its object.
+pub(super) const MAINTAINING_VERBS: &[&str] = &[
+    "keep", "leave", "stay", "maintain", "preserve", "respect", "follow", "treat", "stick",
+    "retain", "honor", "honour",
+];
+
+/// Words of a log line's level.
+pub(super) const LOG_LEVELS: &[&str] = &[
+    "error",
+    "err",
+    "warn",
+    "warning",
+    "info",
+    "debug",
+    "trace",
+    "fatal",
+    "critical",
+    "panic",
+    "exception",
+    "fail",
+    "failed",
+    "failure",
+    "severe",
+    "notice",
+    "hint",
+];
+
+/// How lines of machine output open.
+pub(super) const OUTPUT_LINE_OPENERS: &[&str] = &[
+    "$ ",
+    "-->",
+    "= note",
+    "= help",
+    "File \"",
+    "Traceback",
+    "Caused by",
+    "//",
+    "/*",
+    "<!--",
+    "\u{2502}",
+    "| ",
+    "E  ",
+    ">>>",
+    "+++",
+    "---",
+    "@@",
+    "thread '",
+];
+
+/// Idioms read as one word: what they mean is not what their words say.
+pub(super) const IDIOMS: &[(&[&str], &str)] = &[
+    (&["never", "mind"], "nevermind"),
+    (&["don't", "forget"], "remember"),
+    (&["dont", "forget"], "remember"),
+    (&["do", "not", "forget"], "remember"),
+    (&["keep", "going"], "continue"),
+    // The writer's own need binds nobody else.
+    (&["i", "need", "to"], "i_need_to"),
+    (&["i", "have", "to"], "i_have_to"),
+];
+
+/// The first words of [`IDIOMS`].
+pub(super) const IDIOM_HEADS: &[&str] = &["never", "don't", "dont", "do", "keep", "i"];
+
+/// Verbs of the writer's own state or habit: "I only have read access",
+/// "I always run the tests myself".
+pub(super) const WRITER_STATES: &[&str] = &[
+    "have", "know", "see", "get", "use", "work", "run", "forget", "mix", "need", "do",
+];
+
+/// Words after a task's object that introduce what the product says.
+pub(super) const TASK_CONTENT: &[&str] = &[
+    "about",
+    "announcing",
+    "saying",
+    "explaining",
+    "describing",
+    "stating",
+    "telling",
+    "asking",
+    "warning",
+    "reminding",
+];
+
+/// Words before an "-ed" word that make it an adjective ("the generated
+/// files", "no hardcoded urls").
+pub(super) const BEFORE_ADJECTIVES: &[&str] = &[
+    "the", "a", "an", "no", "any", "all", "every", "each", "some", "on", "in", "of", "for", "with",
+    "to", "from", "into", "onto", "by", "at", "your", "my", "our", "their", "its", "this", "that",
+    "these", "those", "non", "un", "as", "be", "been", "being", "get", "stay", "remain", "keep",
+];
+
+/// Adverbs between "you" and its verb.
+pub(super) const AGENT_ADVERBS: &[&str] = &[
+    "just", "ever", "always", "never", "only", "also", "still", "actually", "really", "then", "do",
+    "don't", "dont",
+];
+
+/// Verbs of what an agent does beyond the imperative lexicon.
+pub(super) const AGENT_VERBS: &[&str] = &[
+    "are",
+    "aren't",
+    "need",
+    "want",
+    "get",
+    "see",
+    "modify",
+    "touch",
+    "ship",
+    "call",
+    "introduce",
+    "generate",
+    "produce",
+    "answer",
+    "suggest",
+    "propose",
+    "reply",
+    "talk",
+    "mention",
+    "quote",
+];
+
+/// Symbols that open lines of tool output (test marks, box drawing).
+pub(super) const OUTPUT_SYMBOLS: &[char] = &[
+    '✖', '✔', '✓', '✗', '✘', '❌', '⚠', '●', '○', '►', '▶', '│', '├', '└', '╷', '╵', '━', '─',
+];
+
+/// Verbs among [`SHOWING_WORDS`]: a lead-in with one of them presents
+/// what follows its colon ("got this in the console: …").
+pub(super) const SHOWING_VERBS: &[&str] = &[
+    "get",
+    "getting",
+    "got",
+    "here's",
+    "heres",
+    "printed",
+    "prints",
+    "returned",
+    "returns",
+    "said",
+    "say",
+    "says",
+    "showed",
+    "shows",
+    "reads",
+    "complains",
+    "gives",
+    "spat",
+    "copied",
+    "pasted",
+    "blew",
+];
+
+/// Nouns of rules: a line that presents rules presents something said.
+pub(super) const RULE_NOUNS: &[&str] = &[
+    "rule",
+    "rules",
+    "convention",
+    "conventions",
+    "guideline",
+    "guidelines",
+    "policy",
+    "policies",
+    "requirements",
+    "instructions",
+    "standards",
+    "constraints",
 ];
 
 pub(super) const SECOND_PERSON_RULES: &[&str] = &[
@@ -910,6 +1180,14 @@ pub(super) const TEMPORAL_PHRASES: &[&str] = &[
     "i'll tell you",
     "i'll let you know",
     "for today",
+    "this week",
+    "this morning",
+    "this afternoon",
+    "while the",
+    "while it",
+    "while we",
+    "while i'm",
+    "while we're",
     "not yet",
 ];
 
@@ -934,6 +1212,10 @@ pub(super) const TEMPORAL_WORDS: &[&str] = &[
 pub(super) const STEP_PHRASES: &[&str] = &[
     "this test",
     "this one",
+    "so far",
+    "what you have",
+    "when you're done",
+    "once you're done",
     "this file",
     "this function",
     "this pr",
@@ -957,14 +1239,48 @@ pub(super) const STEP_PHRASES: &[&str] = &[
     "the previous",
 ];
 
-pub(super) const STEP_WORDS: &[&str] = &[
-    "now",
-    "next",
-    "then",
-    "here",
-    "quickly",
-    "currently",
-    "again",
+/// Step words beyond those [`super::features`] reads in context ("now",
+/// "next", "then", "again", "this …").
+pub(super) const STEP_WORDS: &[&str] = &["quickly", "currently"];
+
+/// Nouns after "this" that name the whole of the work, not one step of
+/// it: "in this repo" is a scope.
+pub(super) const WHOLE_OF_THE_WORK: &[&str] = &[
+    "repo",
+    "repository",
+    "project",
+    "codebase",
+    "monorepo",
+    "session",
+    "conversation",
+    "chat",
+    "thread",
+    "team",
+    "company",
+    "org",
+    "organisation",
+    "organization",
+    "workspace",
+    "client",
+    "customer",
+    "product",
+    "app",
+    "whole",
+    "entire",
+    "document",
+    "doc",
+    "book",
+    "site",
+    "way",
+    "kind",
+    "sort",
+];
+
+/// Words after "this" or "that" that are not a noun it points with.
+pub(super) const NOT_A_NOUN_AFTER_THIS: &[&str] = &[
+    "is", "was", "are", "were", "will", "would", "could", "can", "does", "did", "do", "means",
+    "one", "and", "or", "but", "for", "in", "on", "to", "of", "with", "it", "i", "you", "we",
+    "they", "the", "a", "an", "seems", "looks", "happens", "way", "said", "says",
 ];
 
 pub(super) const REPORT_WORDS: &[&str] = &[
@@ -1072,8 +1388,8 @@ pub(super) const EPISTEMIC_WORDS: &[&str] = &[
 
 /// Past tenses beyond those the modal rules know ([`super::modal`]).
 pub(super) const MORE_PAST: &[&str] = &[
-    "wrote", "said", "told", "took", "made", "gave", "left", "kept", "sent", "built", "spent",
-    "hit", "put", "set", "shut", "split", "read", "led", "meant", "stood",
+    "wrote", "said", "told", "took", "made", "gave", "kept", "sent", "built", "spent", "led",
+    "meant", "stood",
 ];
 
 /// Words ending in "-ed" that are not past tenses in instructions.
@@ -1406,6 +1722,7 @@ pub(super) enum Set {
     ForeignPolite,
     Again,
     Deictic,
+    Quantifier,
 }
 
 /// Which sets a segment's words touched.
@@ -1422,11 +1739,108 @@ impl Found {
     }
 }
 
-/// Every set's phrases, by their first word: one pass over a segment's
-/// words finds every set it touches.
+/// Single-word lists a word may belong to, as bits of [`Lexed::classes`]:
+/// one look-up per word answers every list.
+pub(super) mod class {
+    /// [`super::LEAD_FILLERS`].
+    pub(in crate::classify) const LEAD_FILLER: u32 = 1 << 0;
+    /// [`super::BAN_HEADS`].
+    pub(in crate::classify) const BAN_HEAD: u32 = 1 << 1;
+    /// [`super::BAN_LEADERS`].
+    pub(in crate::classify) const BAN_LEADER: u32 = 1 << 2;
+    /// [`super::QUANTIFIERS`].
+    pub(in crate::classify) const QUANTIFIER: u32 = 1 << 3;
+    /// [`super::DEFINITE_AFTER_QUANTIFIER`].
+    pub(in crate::classify) const DEFINITE_AFTER_QUANTIFIER: u32 = 1 << 4;
+    /// [`super::SAYING_VERBS`].
+    pub(in crate::classify) const SAYING: u32 = 1 << 5;
+    /// [`super::WRITER`].
+    pub(in crate::classify) const WRITER: u32 = 1 << 6;
+    /// [`super::ATTRIBUTIONS`].
+    pub(in crate::classify) const ATTRIBUTION: u32 = 1 << 7;
+    /// [`super::SHOWING_WORDS`].
+    pub(in crate::classify) const SHOWING: u32 = 1 << 8;
+    /// [`super::SHOWING_VERBS`].
+    pub(in crate::classify) const SHOWING_VERB: u32 = 1 << 9;
+    /// [`super::RULE_NOUNS`].
+    pub(in crate::classify) const RULE_NOUN: u32 = 1 << 10;
+    /// [`super::ACK_WORDS`].
+    pub(in crate::classify) const ACK: u32 = 1 << 11;
+    /// [`super::BEFORE_ADJECTIVES`].
+    pub(in crate::classify) const BEFORE_ADJECTIVE: u32 = 1 << 12;
+    /// [`super::AGENT_ADVERBS`].
+    pub(in crate::classify) const AGENT_ADVERB: u32 = 1 << 13;
+    /// [`super::AGENT_VERBS`].
+    pub(in crate::classify) const AGENT_VERB: u32 = 1 << 14;
+    /// [`super::IMPERATIVE_VERBS`].
+    pub(in crate::classify) const IMPERATIVE: u32 = 1 << 15;
+    /// [`super::TASK_VERBS`].
+    pub(in crate::classify) const TASK: u32 = 1 << 16;
+    /// [`super::MAINTAINING_VERBS`].
+    pub(in crate::classify) const MAINTAINING: u32 = 1 << 17;
+    /// [`super::SPECIFIC_DETERMINERS`].
+    pub(in crate::classify) const SPECIFIC: u32 = 1 << 18;
+    /// [`super::VERB_PARTICLES`].
+    pub(in crate::classify) const PARTICLE: u32 = 1 << 19;
+    /// [`super::NOT_PAST`].
+    pub(in crate::classify) const NOT_PAST: u32 = 1 << 20;
+    /// [`super::UNITS`].
+    pub(in crate::classify) const UNIT: u32 = 1 << 21;
+}
+
+/// A segment's words as the lexicon reads them: the sets its phrases
+/// touch and each word's classes.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Lexed {
+    /// The sets touched.
+    pub(super) found: Found,
+    /// Per word, the [`class`] bits.
+    pub(super) classes: Vec<u32>,
+}
+
+impl Lexed {
+    /// Whether word `i` exists and is of `class`.
+    pub(super) fn is(&self, i: usize, class: u32) -> bool {
+        self.classes.get(i).is_some_and(|c| c & class != 0)
+    }
+}
+
+/// A word's entry: the phrases that start with it, and its classes.
+#[derive(Debug, Default)]
+struct Entry {
+    phrases: Vec<(Vec<&'static str>, Set)>,
+    classes: u32,
+}
+
+/// FNV-1a: the lexicon's keys are short, fixed and not chosen by anyone
+/// sending text, so a fast hash will do.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Every set's phrases and every class's words, by their first word: one
+/// pass over a segment's words finds every set it touches and every
+/// word's classes.
 #[derive(Debug)]
 pub(super) struct Matcher {
-    by_first: std::collections::HashMap<&'static str, Vec<(Vec<&'static str>, Set)>>,
+    by_first: std::collections::HashMap<&'static str, Entry, std::hash::BuildHasherDefault<Fnv>>,
 }
 
 impl Matcher {
@@ -1468,30 +1882,64 @@ impl Matcher {
                 (Set::ForeignPolite, FOREIGN_POLITE),
                 (Set::Again, &["again"]),
                 (Set::Deictic, DEICTIC),
+                (Set::Quantifier, QUANTIFIERS),
             ];
-            let mut by_first: std::collections::HashMap<_, Vec<_>> =
-                std::collections::HashMap::new();
+            let classes: &[(u32, &[&str])] = &[
+                (class::LEAD_FILLER, LEAD_FILLERS),
+                (class::BAN_HEAD, BAN_HEADS),
+                (class::BAN_LEADER, BAN_LEADERS),
+                (class::QUANTIFIER, QUANTIFIERS),
+                (class::DEFINITE_AFTER_QUANTIFIER, DEFINITE_AFTER_QUANTIFIER),
+                (class::SAYING, SAYING_VERBS),
+                (class::WRITER, WRITER),
+                (class::ATTRIBUTION, ATTRIBUTIONS),
+                (class::SHOWING, SHOWING_WORDS),
+                (class::SHOWING_VERB, SHOWING_VERBS),
+                (class::RULE_NOUN, RULE_NOUNS),
+                (class::ACK, ACK_WORDS),
+                (class::BEFORE_ADJECTIVE, BEFORE_ADJECTIVES),
+                (class::AGENT_ADVERB, AGENT_ADVERBS),
+                (class::AGENT_VERB, AGENT_VERBS),
+                (class::IMPERATIVE, IMPERATIVE_VERBS),
+                (class::TASK, TASK_VERBS),
+                (class::MAINTAINING, MAINTAINING_VERBS),
+                (class::SPECIFIC, SPECIFIC_DETERMINERS),
+                (class::PARTICLE, VERB_PARTICLES),
+                (class::NOT_PAST, NOT_PAST),
+                (class::UNIT, UNITS),
+            ];
+            let mut by_first: std::collections::HashMap<_, Entry, _> = Default::default();
             for (set, phrases) in lists {
                 for phrase in *phrases {
                     let words: Vec<&'static str> = phrase.split(' ').collect();
                     by_first
                         .entry(words[0])
                         .or_default()
+                        .phrases
                         .push((words[1..].to_vec(), *set));
+                }
+            }
+            for (bit, words) in classes {
+                for word in *words {
+                    by_first.entry(*word).or_default().classes |= bit;
                 }
             }
             Matcher { by_first }
         })
     }
 
-    /// The sets `words` touch, each phrase matched on consecutive words.
-    pub(super) fn scan(&self, words: &[String]) -> Found {
+    /// The sets `words` touch, each phrase matched on consecutive words,
+    /// and each word's classes.
+    pub(super) fn scan(&self, words: &[String]) -> Lexed {
         let mut found = Found::default();
+        let mut classes = Vec::with_capacity(words.len());
         for (i, word) in words.iter().enumerate() {
-            let Some(entries) = self.by_first.get(word.as_str()) else {
+            let Some(entry) = self.by_first.get(word.as_str()) else {
+                classes.push(0);
                 continue;
             };
-            for (rest, set) in entries {
+            classes.push(entry.classes);
+            for (rest, set) in &entry.phrases {
                 let fits = words.len() > i + rest.len()
                     && rest.iter().zip(&words[i + 1..]).all(|(a, b)| a == b);
                 if fits {
@@ -1499,6 +1947,6 @@ impl Matcher {
                 }
             }
         }
-        found
+        Lexed { found, classes }
     }
 }

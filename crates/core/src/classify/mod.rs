@@ -30,10 +30,11 @@
 //! sentence) scores high when it reads as an instruction that reaches
 //! beyond the current step — a modal or a ban, an imperative with a scope,
 //! a label and a format, a condition and an action, a correction that
-//! holds — and low when it reads as a question, a time-limited hold, a
-//! report of someone else's words, a statement or guesswork, or pasted
-//! output. A span's score is its best segment's, so a rule buried in a
-//! long message counts.
+//! holds, a habit ("whenever you change …") — and low when it reads as a
+//! question, a time-limited hold, a report of someone else's words, one
+//! piece of work ("fix the typo"), a statement or guesswork, or pasted
+//! output (lines shaped like logs, traces or a compiler's). A span's score
+//! is its best segment's, so a rule buried in a long message counts.
 //!
 //! Each decision is explainable: the classification's `rule` says the
 //! verdict, the score and the features that carried it

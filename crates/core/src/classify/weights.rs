@@ -8,46 +8,56 @@ use super::model::Model;
 pub(super) static MODEL: Model = Model {
     bias: -2.5,
     weights: [
-        1.7882002145978355,      // neg_modal
-        1.0575193627700945,      // req_modal
-        2.403868316759964,       // restrict
-        1.5330288787238895,      // imperative
-        4.162447760416633,       // noun_ban
-        1.8902059881041324,      // label_colon
-        2.766214135817616,       // format_vocab
-        4.000887946873027,       // scope
-        1.4435335887210978,      // preference
-        2.4354713390066967,      // polite
-        2.5487337764129205,      // conditional
-        1.8930189487318119,      // correction
-        0.034104025193411346,    // second_person_rule
-        -0.5542801804247905,     // passive_rule
-        -0.8773079679337924,     // question
-        -0.7167498598199381,     // question_opening
-        -1.2738304623297088,     // temporal
-        -0.7849068153593537,     // step_local
-        -1.2702938542728843,     // report
-        -1.2443325096587836,     // statement
-        -0.8112086066052155,     // epistemic
-        -0.18607478470661137,    // past
-        -0.697026257353992,      // acknowledgement
-        -1.1261761577777312,     // output_like
-        0.6750136042207066,      // system_role
-        -0.00016791321324889592, // deictic
-        3.8435942897882964,      // foreign_directive
-        0.6053812774354308,      // foreign_scope
-        0.8657964489379218,      // foreign_polite
-        -0.46113998397596223,    // imperative*scope
-        -1.5021590228897879,     // directive*temporal
-        -2.241322184873606,      // directive*question
-        -0.9709633460182221,     // directive*report
-        0.660844985595894,       // label*format
-        0.7624367295077107,      // leading_directive
-        1.0495619662221507,      // polite*question
-        0.22484828454214859,     // negative_imperative
-        -1.4703307104069119,     // task_verb
-        -2.0070930473727557,     // shown
+        2.261167645820164,    // neg_modal
+        1.7431021193555682,   // req_modal
+        2.247668349878145,    // restrict
+        2.023395923537333,    // imperative
+        4.409633960989274,    // noun_ban
+        2.4959601632639035,   // label_colon
+        2.0380933796992586,   // format_vocab
+        4.110203112464028,    // scope
+        0.46318324984336384,  // preference
+        2.442585882591895,    // polite
+        3.754509441206753,    // conditional
+        2.4071433211861675,   // correction
+        1.4096169626096464,   // second_person_rule
+        -0.206843920843722,   // passive_rule
+        -0.6505360120388838,  // question
+        -0.7424773605923638,  // question_opening
+        -2.4301576194810357,  // temporal
+        -1.547949683697821,   // step_local
+        -0.552511926538413,   // report
+        -1.0587601471386732,  // statement
+        -0.8983604642707037,  // epistemic
+        -0.12818757159944094, // past
+        -0.5181117048520015,  // acknowledgement
+        -0.3666394406001189,  // output_like
+        1.284702025009591,    // system_role
+        -0.10463838221928479, // deictic
+        4.365571837226259,    // foreign_directive
+        0.39863000975745666,  // foreign_scope
+        1.058392239268124,    // foreign_polite
+        0.6177646601244394,   // imperative*scope
+        -2.630124182441248,   // directive*temporal
+        -1.0628250779800037,  // directive*question
+        -1.196146494784599,   // directive*report
+        1.001375459087367,    // label*format
+        0.5703383077385148,   // leading_directive
+        1.2459469489024206,   // polite*question
+        -0.08032199112082944, // negative_imperative
+        -2.7414123589407122,  // task_verb
+        -2.9339395363093517,  // shown
+        3.0848531545868147,   // quantifier
+        -1.5073404857756614,  // attributed
+        -2.149972580319605,   // output_line
+        -1.981041800454153,   // specific_object
+        -2.742767025637421,   // open_question
+        -2.8192707708519134,  // pasted
+        1.6368303974160594,   // contrast
+        3.17552627951217,     // agent_clause
+        1.4713462585467825,   // maintaining
+        -0.7535344380955871,  // task_content
     ],
-    pin_threshold: 0.138,
+    pin_threshold: 0.332,
     doubt_threshold: 0.076,
 };
