@@ -59,6 +59,26 @@ pub fn class_to_pb(class: SpanClass) -> pb::SpanClass {
     }
 }
 
+/// The domain class of a wire class; None for UNSPECIFIED.
+pub fn class_from_pb(class: pb::SpanClass) -> Option<SpanClass> {
+    match class {
+        pb::SpanClass::Unspecified => None,
+        pb::SpanClass::Narrative => Some(SpanClass::Narrative),
+        pb::SpanClass::Constraint => Some(SpanClass::Constraint),
+        pb::SpanClass::Summary => Some(SpanClass::Summary),
+        pb::SpanClass::Protected => Some(SpanClass::Protected),
+    }
+}
+
+/// The wire state of a span and, when archived, the seq that evicted it
+/// (0 otherwise).
+pub fn state_to_pb(state: SpanState) -> (pb::SpanState, u64) {
+    match state {
+        SpanState::Live => (pb::SpanState::Live, 0),
+        SpanState::Archived { by_seq } => (pb::SpanState::Archived, by_seq),
+    }
+}
+
 fn class_source_to_pb(source: ClassSource) -> pb::ClassSource {
     match source {
         ClassSource::Caller => pb::ClassSource::Caller,
@@ -102,10 +122,7 @@ pub fn predicate_to_pb(predicate: &Predicate) -> pb::Predicate {
 
 /// The wire form of a span. `relevance` is filled where it was computed.
 pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
-    let (state, archived_by_seq) = match state {
-        SpanState::Live => (pb::SpanState::Live, 0),
-        SpanState::Archived { by_seq } => (pb::SpanState::Archived, by_seq),
-    };
+    let (state, archived_by_seq) = state_to_pb(state);
     pb::Span {
         span_id: span.id,
         role: role_to_pb(span.role) as i32,

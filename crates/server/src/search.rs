@@ -7,9 +7,9 @@
 
 use ctxbroker_core::search::{self, SpanFilter, Standing};
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_store::{SearchQuery, SpanState, Store, StoredSpan};
+use ctxbroker_store::{SearchQuery, Store, StoredSpan};
 
-use crate::convert::{class_to_pb, role_to_pb};
+use crate::convert::{class_from_pb, class_to_pb, role_from_pb, role_to_pb, state_to_pb};
 use crate::error::{ApiError, BadField};
 use crate::validate;
 
@@ -155,10 +155,7 @@ fn span_filter(filter: Option<&pb::SpanFilter>, bad: &mut Vec<BadField>) -> Span
     };
     for (i, &role) in f.roles.iter().enumerate() {
         let field = format!("filter.roles[{i}]");
-        match pb::Role::try_from(role)
-            .ok()
-            .and_then(crate::convert::role_from_pb)
-        {
+        match pb::Role::try_from(role).ok().and_then(role_from_pb) {
             Some(role) => out.roles.push(role),
             None => bad.push(BadField::new(
                 field,
@@ -199,17 +196,6 @@ fn span_filter(filter: Option<&pb::SpanFilter>, bad: &mut Vec<BadField>) -> Span
     out
 }
 
-fn class_from_pb(class: pb::SpanClass) -> Option<ctxbroker_core::span::SpanClass> {
-    use ctxbroker_core::span::SpanClass;
-    match class {
-        pb::SpanClass::Unspecified => None,
-        pb::SpanClass::Narrative => Some(SpanClass::Narrative),
-        pb::SpanClass::Constraint => Some(SpanClass::Constraint),
-        pb::SpanClass::Summary => Some(SpanClass::Summary),
-        pb::SpanClass::Protected => Some(SpanClass::Protected),
-    }
-}
-
 /// Runs a search on the store, off the async workers.
 pub async fn run_search(
     store: &Store,
@@ -218,7 +204,7 @@ pub async fn run_search(
 ) -> Result<pb::SearchSpansResponse, ApiError> {
     let store = store.clone();
     let session = session.to_owned();
-    let task = tokio::task::spawn_blocking(move || {
+    off_workers("search", move || {
         let page = store.search(&session, &request.query)?;
         let hits: Vec<pb::SpanHit> = page
             .hits
@@ -239,14 +225,13 @@ pub async fn run_search(
         } else {
             String::new()
         };
-        Ok::<_, ApiError>(pb::SearchSpansResponse {
+        Ok(pb::SearchSpansResponse {
             hits,
             next_page_token,
             matched: page.matched,
         })
-    });
-    task.await
-        .map_err(|err| ApiError::Internal(format!("the search task failed: {err}")))?
+    })
+    .await
 }
 
 /// Lists spans from the store, off the async workers.
@@ -257,7 +242,7 @@ pub async fn run_listing(
 ) -> Result<pb::ListSpansResponse, ApiError> {
     let store = store.clone();
     let session = session.to_owned();
-    let task = tokio::task::spawn_blocking(move || {
+    off_workers("listing", move || {
         let listing = store.list_spans(&session, &request.filter, request.after, request.limit)?;
         let spans: Vec<pb::SpanHit> = listing
             .spans
@@ -271,21 +256,28 @@ pub async fn run_listing(
             (true, Some(last)) => format!("a{}", last.span_id),
             _ => String::new(),
         };
-        Ok::<_, ApiError>(pb::ListSpansResponse {
+        Ok(pb::ListSpansResponse {
             spans,
             next_page_token,
         })
-    });
-    task.await
-        .map_err(|err| ApiError::Internal(format!("the listing task failed: {err}")))?
+    })
+    .await
+}
+
+/// Runs store reads and their answer on the blocking pool, so that walking
+/// the engine never holds an async worker.
+async fn off_workers<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| ApiError::Internal(format!("the {what} task failed: {err}")))?
 }
 
 fn span_hit(stored: &StoredSpan, score: f64, snippet: String) -> pb::SpanHit {
     let span = &stored.span;
-    let (state, archived_by_seq) = match stored.state {
-        SpanState::Live => (pb::SpanState::Live, 0),
-        SpanState::Archived { by_seq } => (pb::SpanState::Archived, by_seq),
-    };
+    let (state, archived_by_seq) = state_to_pb(stored.state);
     pb::SpanHit {
         span_id: span.id,
         role: role_to_pb(span.role) as i32,

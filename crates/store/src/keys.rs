@@ -109,6 +109,12 @@ pub(crate) fn session_number_key(id: &str, number: u64) -> Vec<u8> {
     key
 }
 
+/// The keys of a session's numbered records (spans tree: positions;
+/// archive and terms: span ids) from `first` on.
+pub(crate) fn session_numbers_from(id: &str, first: u64) -> std::ops::RangeInclusive<Vec<u8>> {
+    session_number_key(id, first)..=session_number_key(id, u64::MAX)
+}
+
 /// A session prefix followed by a caller's idempotency key.
 pub(crate) fn session_text_key(id: &str, text: &str) -> Vec<u8> {
     let mut key = session_prefix(id);

@@ -890,14 +890,13 @@ pub(crate) fn decode_key(key: &[u8], value: &[u8]) -> Result<SpanId, StoreError>
     read(TreeId::Keys, key, value, |row: KeyRow| Ok(row.span_id))
 }
 
-/// Encodes a span's term vector for its key (session ‖ span id).
-pub(crate) fn encode_terms(key: &[u8], vector: &TermVector) -> Vec<u8> {
-    seal(
-        key,
-        &TermRow {
-            packed: codec::encode(vector),
-        },
-    )
+/// A span's row in the terms tree: its key (session ‖ span id) and its
+/// sealed term vector.
+pub(crate) fn term_row(session: &str, span: &Span) -> (Vec<u8>, Vec<u8>) {
+    let key = keys::session_number_key(session, span.id);
+    let packed = codec::encode(&TermVector::of(&span.text));
+    let value = seal(&key, &TermRow { packed });
+    (key, value)
 }
 
 /// The length of a span's term vector and the frequency of each of

@@ -10,14 +10,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing, TermVector};
+use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing};
 use ctxbroker_core::{Span, SpanId};
 
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{SpanState, StoredSpan};
 use crate::record;
-use crate::store::Store;
+use crate::store::{Store, count_walk, get_counted};
 
 /// A search of one session's spans, live and archived.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -138,17 +138,11 @@ impl Store {
                 live.push(span);
             }
         }
+        count_walk(trees.spans.scan_prefix(&prefix))?;
         live.sort_by_key(|s| s.id);
         let mut live = live.into_iter().peekable();
-        let mut archive = trees
-            .archive
-            .range(keys::session_number_key(session, start)..)
-            .take_while(|entry| {
-                entry
-                    .as_ref()
-                    .map_or(true, |(key, _)| key.starts_with(&prefix))
-            })
-            .peekable();
+        let archived = keys::session_numbers_from(session, start);
+        let mut archive = trees.archive.range(archived.clone()).peekable();
         let mut listing = SpanListing::default();
         loop {
             let next_archived = match archive.peek() {
@@ -185,6 +179,7 @@ impl Store {
             }
             listing.spans.push(stored);
         }
+        count_walk(trees.archive.range(archived))?;
         Ok(listing)
     }
 }
@@ -199,14 +194,14 @@ fn standing(state: SpanState) -> Standing {
 /// Reads spans by id under the caller's snapshot: the archive by key, a
 /// live span at the position equal to its id, and summaries (which stand
 /// elsewhere) from one walk of the live spans, taken on the first miss.
-struct Resolver<'a> {
+pub(crate) struct Resolver<'a> {
     store: &'a Store,
     session: &'a str,
     live_by_id: Option<HashMap<SpanId, Span>>,
 }
 
 impl<'a> Resolver<'a> {
-    fn new(store: &'a Store, session: &'a str) -> Self {
+    pub(crate) fn new(store: &'a Store, session: &'a str) -> Self {
         Resolver {
             store,
             session,
@@ -214,17 +209,17 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    fn get(&mut self, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
+    pub(crate) fn get(&mut self, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
         let trees = self.store.trees();
         let key = keys::session_number_key(self.session, span_id);
-        if let Some(value) = trees.archive.get(&key).map_err(StoreError::engine)? {
+        if let Some(value) = get_counted(&trees.archive, &key)? {
             let (span, by_seq) = record::decode_archived(&key, &value)?;
             return Ok(Some(StoredSpan {
                 span,
                 state: SpanState::Archived { by_seq },
             }));
         }
-        if let Some(value) = trees.spans.get(&key).map_err(StoreError::engine)? {
+        if let Some(value) = get_counted(&trees.spans, &key)? {
             let span = record::decode_span(&key, &value)?;
             if span.id == span_id {
                 return Ok(Some(StoredSpan {
@@ -240,6 +235,7 @@ impl<'a> Resolver<'a> {
                 let span = record::decode_span(&key, &value)?;
                 by_id.insert(span.id, span);
             }
+            count_walk(trees.spans.scan_prefix(keys::session_prefix(self.session)))?;
             self.live_by_id = Some(by_id);
         }
         Ok(self
@@ -272,8 +268,7 @@ pub(crate) fn index_unindexed(trees: &crate::writer::Trees) -> Result<u64, Store
         }
         let mut batch = sled::Batch::default();
         let mut add = |span: &Span| {
-            let key = keys::session_number_key(session, span.id);
-            let value = record::encode_terms(&key, &TermVector::of(&span.text));
+            let (key, value) = record::term_row(session, span);
             batch.insert(key, value);
         };
         let mut spans = 0u64;
@@ -357,14 +352,10 @@ impl SessionIndex {
         session: &str,
         budget: usize,
     ) -> Result<bool, StoreError> {
-        let prefix = keys::session_prefix(session);
-        let from =
-            keys::session_number_key(session, self.through.map_or(0, |t| t.saturating_add(1)));
-        for entry in trees.terms.range(from..) {
+        let unread =
+            keys::session_numbers_from(session, self.through.map_or(0, |t| t.saturating_add(1)));
+        for entry in trees.terms.range(unread.clone()) {
             let (key, value) = entry.map_err(StoreError::engine)?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
             let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
                 return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
             };
@@ -384,6 +375,7 @@ impl SessionIndex {
                 return Ok(false);
             }
         }
+        count_walk(trees.terms.range(unread))?;
         Ok(true)
     }
 
@@ -524,7 +516,8 @@ fn read_postings(
 ) -> Result<(CorpusStats, Vec<Vec<Posting>>), StoreError> {
     let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); term_keys.len()];
     let mut totals = CorpusStats::default();
-    for entry in trees.terms.scan_prefix(keys::session_prefix(session)) {
+    let prefix = keys::session_prefix(session);
+    for entry in trees.terms.scan_prefix(&prefix) {
         let (key, value) = entry.map_err(StoreError::engine)?;
         let (length, frequencies) = record::term_frequencies(&key, &value, term_keys)?;
         let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
@@ -542,6 +535,7 @@ fn read_postings(
             }
         }
     }
+    count_walk(trees.terms.scan_prefix(&prefix))?;
     Ok((totals, postings))
 }
 

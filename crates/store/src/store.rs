@@ -13,8 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{
-    MarkerBounds, Pin, SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck,
-    WriteOp,
+    MarkerBounds, Pin, SessionRecord, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
 };
 use crate::record::{self, FORMAT_VERSION};
 use crate::writer::{EpochFile, Flusher, Msg, Op, Request, Shared, Trees, Writer};
@@ -251,38 +250,7 @@ impl Store {
 
     /// [`Store::span`] without the checks, under the caller's snapshot.
     fn read_span(&self, session: &str, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
-        let trees = &self.inner.trees;
-        let key = keys::session_number_key(session, span_id);
-        if let Some(value) = get_counted(&trees.archive, &key)? {
-            let (span, by_seq) = record::decode_archived(&key, &value)?;
-            return Ok(Some(StoredSpan {
-                span,
-                state: SpanState::Archived { by_seq },
-            }));
-        }
-        let live = |span: Span| StoredSpan {
-            span,
-            state: SpanState::Live,
-        };
-        // Admitted spans stand at the position equal to their id.
-        if let Some(value) = get_counted(&trees.spans, &key)? {
-            let span = record::decode_span(&key, &value)?;
-            if span.id == span_id {
-                return Ok(Some(live(span)));
-            }
-        }
-        // Summaries stand where the first span they replaced stood.
-        let mut found = None;
-        for entry in trees.spans.scan_prefix(keys::session_prefix(session)) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            let span = record::decode_span(&key, &value)?;
-            if span.id == span_id {
-                found = Some(live(span));
-                break;
-            }
-        }
-        count_walk(trees.spans.scan_prefix(keys::session_prefix(session)))?;
-        Ok(found)
+        crate::search::Resolver::new(self, session).get(span_id)
     }
 
     /// The spans a caller's idempotency keys admitted, live or archived,
@@ -485,7 +453,7 @@ impl Drop for Inner {
 /// spans once kept about 150 MB of leaves in memory under an 8 MiB
 /// cache). So every read visits what it read a second time: now a hit,
 /// which the LRU counts and can page out again.
-fn get_counted(tree: &sled::Tree, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
+pub(crate) fn get_counted(tree: &sled::Tree, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
     let value = tree.get(key).map_err(StoreError::engine)?;
     tree.get(key).map_err(StoreError::engine)?;
     Ok(value)
@@ -494,7 +462,7 @@ fn get_counted(tree: &sled::Tree, key: &[u8]) -> Result<Option<sled::IVec>, Stor
 /// Walks a range a first walk read, so that the engine's cache counts the
 /// leaves that walk pulled in (see [`get_counted`]). In memory, it costs
 /// a fraction of the first walk.
-fn count_walk(walk: sled::Iter) -> Result<(), StoreError> {
+pub(crate) fn count_walk(walk: sled::Iter) -> Result<(), StoreError> {
     for entry in walk {
         entry.map_err(StoreError::engine)?;
     }

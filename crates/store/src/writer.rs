@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use ctxbroker_core::marker::Outcome;
-use ctxbroker_core::search::TermVector;
 use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::{Marker, Span, SpanId};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
@@ -799,8 +798,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
 /// span itself: one row, its term vector. A span is indexed once, as it
 /// was stored: eviction moves it to the archive without touching its row.
 pub(crate) fn index_span(stage: &mut Stage<'_>, session: &str, span: &Span) {
-    let key = keys::session_number_key(session, span.id);
-    let value = record::encode_terms(&key, &TermVector::of(&span.text));
+    let (key, value) = record::term_row(session, span);
     stage.put(TreeId::Terms, key, value);
 }
 
