@@ -111,7 +111,13 @@ fn the_held_out_split_keeps_the_instructions() {
             );
         }
     }
-    assert!(report.scored.kept_recall() >= 0.98, "{:?}", report.scored);
+    // Replay's row (d) states every held-out constraint once and loses one
+    // exactly when the classifier admits it as narrative: none may be.
+    assert_eq!(
+        report.scored.kept, report.scored.positives,
+        "{:?}",
+        report.scored
+    );
     assert!(report.scored.recall() >= 0.95, "{:?}", report.scored);
     assert!(report.scored.precision() >= 0.90, "{:?}", report.scored);
     for category in ["tool_output", "assistant_output"] {

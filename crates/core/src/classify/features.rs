@@ -141,10 +141,13 @@ pub enum Feature {
     /// A task whose product carries words of its own: "draft an email
     /// announcing that …", "add a section about how we never …".
     TaskContent,
+    /// Words that tell what was seen ("yet", "either", "this time",
+    /// "weird"): a report of an outcome, not a rule.
+    Observed,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::TaskContent as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::Observed as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -197,6 +200,7 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::AgentClause,
     Feature::Maintaining,
     Feature::TaskContent,
+    Feature::Observed,
 ];
 
 impl Feature {
@@ -252,6 +256,7 @@ impl Feature {
             Feature::AgentClause => "agent_clause",
             Feature::Maintaining => "maintaining",
             Feature::TaskContent => "task_content",
+            Feature::Observed => "observed",
         }
     }
 }
@@ -676,10 +681,20 @@ fn describe(c: &Cut) -> Features {
         let next = word(i + 1);
         // "No, use the other one" is an answer, not a ban.
         let interjection = i == start && c.first_punctuated;
-        lx.is(i, class::BAN_HEAD)
-            && !next.is_empty()
-            && !interjection
-            && !BAN_NOT_FOLLOWED_BY.contains(&next)
+        // "not a single print", "not one TODO", "0 warnings".
+        let counted_none = (word(i) == "not"
+            && (next == "one" || (next == "a" && word(i + 2) == "single")))
+            || (word(i) == "0"
+                && !next.is_empty()
+                && !next.starts_with(|c: char| c.is_ascii_digit()));
+        // "nothing that touches billing": a relative clause, where "no
+        // that's wrong" is an answer.
+        let relative = next == "that" && word(i) == "nothing";
+        counted_none
+            || (lx.is(i, class::BAN_HEAD)
+                && !next.is_empty()
+                && !interjection
+                && (relative || !BAN_NOT_FOLLOWED_BY.contains(&next)))
     };
     // Also inside a list of rules: "…, and no new dependencies",
     // "absolutely no DB writes".
@@ -814,6 +829,9 @@ fn describe(c: &Cut) -> Features {
     }
     if found.has(Set::Epistemic) {
         f.set(Feature::Epistemic);
+    }
+    if found.has(Set::Observed) {
+        f.set(Feature::Observed);
     }
     if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
@@ -1264,6 +1282,22 @@ mod tests {
     fn shapes_without_a_modal_verb_are_seen() {
         assert!(on("No tabs, anywhere.").contains(&"noun_ban"));
         assert!(on("no, use the other one").iter().all(|f| *f != "noun_ban"));
+        for ban in [
+            "not a single print statement in library code",
+            "0 compiler warnings, that's the bar",
+            "Nothing that touches billing without a second review.",
+        ] {
+            assert!(on(ban).contains(&"noun_ban"), "{ban}");
+        }
+        assert!(on("0 1 1 2 3 5").iter().all(|f| *f != "noun_ban"));
+        assert!(
+            on("no that's the wrong file")
+                .iter()
+                .all(|f| *f != "noun_ban")
+        );
+        assert!(on("no luck with the second approach either").contains(&"observed"));
+        assert!(on("nothing in the logs yet").contains(&"observed"));
+        assert!(on("no tabs in any file").iter().all(|f| *f != "observed"));
         let label = on("Commit messages: imperative, 50 chars max");
         assert!(label.contains(&"label_colon") && label.contains(&"label*format"));
         assert!(

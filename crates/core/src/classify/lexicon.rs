@@ -1313,6 +1313,35 @@ pub(super) const REPORT_WORDS: &[&str] = &[
 
 pub(super) const REPORT_PHRASES: &[&str] = &["per the", "according to"];
 
+/// Words of someone telling what they saw: "no luck *either*", "nothing
+/// in the logs *yet*", "same error", "*weird*".
+pub(super) const OBSERVED_WORDS: &[&str] = &[
+    "yet",
+    "either",
+    "apparently",
+    "anymore",
+    "same",
+    "weird",
+    "odd",
+    "strange",
+    "nice",
+    "huh",
+    "hmm",
+    "ugh",
+    "sadly",
+    "unfortunately",
+    "somehow",
+];
+
+pub(super) const OBSERVED_PHRASES: &[&str] = &[
+    "this time",
+    "so far",
+    "as before",
+    "like before",
+    "any more",
+    "for some reason",
+];
+
 pub(super) const STATEMENT_SUBJECTS: &[&str] = &[
     "i", "we", "it", "this", "that", "there", "they", "he", "she", "my", "our", "the", "its",
     "it's", "i'm", "we're", "there's", "that's", "they're", "he's", "she's", "you", "these",
@@ -1716,6 +1745,7 @@ pub(super) enum Set {
     Step,
     Report,
     Epistemic,
+    Observed,
     Past,
     ForeignDirective,
     ForeignScope,
@@ -1874,6 +1904,8 @@ impl Matcher {
                 (Set::Report, REPORT_PHRASES),
                 (Set::Epistemic, EPISTEMIC_PHRASES),
                 (Set::Epistemic, EPISTEMIC_WORDS),
+                (Set::Observed, OBSERVED_WORDS),
+                (Set::Observed, OBSERVED_PHRASES),
                 (Set::Past, super::modal::IRREGULAR_PAST),
                 (Set::Past, MORE_PAST),
                 (Set::ForeignDirective, FOREIGN_DIRECTIVES),
