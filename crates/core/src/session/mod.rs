@@ -1,0 +1,221 @@
+//! A session's state as the policy sees it: its record (configuration and
+//! counters) and, around it, the operations that change it.
+//!
+//! [`Session`] and what every operation shares live here: adopting an
+//! acknowledged change, the live totals, relevance against the latest
+//! turn. Each operation is in the submodule named after it: admitting a
+//! turn (`admit`), an operator's plan and commit (`manual`), pins and
+//! unpins (`pins`), background compaction (`background`), and the
+//! marker-bearing changes they share (`markers`); `change` holds the
+//! record and change types they return.
+
+mod admit;
+mod background;
+mod change;
+mod manual;
+mod markers;
+mod pins;
+
+pub use admit::Incoming;
+pub use change::{Change, Rejection, SessionRecord};
+pub use manual::{CallerEdits, PlanId, PlanOutcome};
+
+use crate::config::SessionConfig;
+use crate::fasthash::{self, FastMap, FastSet};
+use crate::marker::Marker;
+use crate::plan::Sizes;
+use crate::relevance;
+use crate::span::{Span, SpanClass, SpanId};
+
+/// A session as the policy sees it: its record and its live context, in
+/// prompt order.
+///
+/// Every operation is a pure function of this state (and of the time and
+/// token counter it is given) that returns a [`Change`] or a [`Rejection`];
+/// nothing changes until [`Session::apply`] adopts a change the store has
+/// acknowledged. A session rebuilt with [`Session::new`] from what the
+/// store holds behaves exactly like the one that wrote it: nothing lives
+/// outside the record and the spans, plans included.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    /// The configuration and counters.
+    pub record: SessionRecord,
+    /// The live context, in prompt order.
+    pub spans: Vec<Span>,
+}
+
+/// The live context's totals, which a record keeps up to date.
+struct Totals {
+    live_tokens: u64,
+    live_spans: u64,
+    pinned_tokens: u64,
+    pinned_spans: u64,
+}
+
+impl Totals {
+    fn of<'a>(spans: impl IntoIterator<Item = &'a Span>) -> Totals {
+        let mut t = Totals {
+            live_tokens: 0,
+            live_spans: 0,
+            pinned_tokens: 0,
+            pinned_spans: 0,
+        };
+        for s in spans {
+            t.live_spans += 1;
+            t.live_tokens += u64::from(s.tokens);
+            if s.is_pinned() {
+                t.pinned_tokens += u64::from(s.tokens);
+                t.pinned_spans += 1;
+            }
+        }
+        t
+    }
+
+    fn write_to(&self, record: &mut SessionRecord) {
+        record.live_tokens = self.live_tokens;
+        record.live_spans = self.live_spans;
+        record.pinned_tokens = self.pinned_tokens;
+        record.pinned_spans = self.pinned_spans;
+    }
+}
+
+/// A count for a marker field, saturating.
+fn t32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// For each `wanted` id, the index in `ids` of its first occurrence
+/// (`None` when it does not occur): one pass over `ids`, not one per
+/// wanted id. A wanted id listed twice has one entry.
+fn first_indices(
+    wanted: impl ExactSizeIterator<Item = SpanId>,
+    ids: impl Iterator<Item = SpanId>,
+) -> FastMap<SpanId, Option<usize>> {
+    let mut first: FastMap<SpanId, Option<usize>> = fasthash::map(wanted.len());
+    first.extend(wanted.map(|id| (id, None)));
+    for (i, id) in ids.enumerate() {
+        if let Some(slot @ None) = first.get_mut(&id) {
+            *slot = Some(i);
+        }
+    }
+    first
+}
+
+impl Session {
+    /// A session from its stored state.
+    pub fn new(record: SessionRecord, spans: Vec<Span>) -> Session {
+        Session { record, spans }
+    }
+
+    /// A session just created at `now_ms`: revision 1, no spans.
+    pub fn create(id: &str, config: SessionConfig, now_ms: u64) -> Session {
+        Session {
+            record: SessionRecord::new(id, config, now_ms),
+            spans: Vec::new(),
+        }
+    }
+
+    /// Adopts a change once the store has acknowledged it, the way the
+    /// store applies it: evicted spans leave, rewritten ones are replaced
+    /// in place, the summary stands at its position, the turn is appended.
+    /// Costs what the change touches, not the size of the live context,
+    /// when nothing is evicted.
+    pub fn apply(&mut self, change: &Change) {
+        self.record = change.record.clone();
+        if !change.evict.is_empty() {
+            let mut evicted: FastSet<SpanId> = fasthash::set(change.evict.len());
+            evicted.extend(change.evict.iter().copied());
+            self.spans.retain(|s| !evicted.contains(&s.id));
+        }
+        if !change.replace.is_empty() {
+            // Each replacement goes to the first live span with its id.
+            let first = first_indices(
+                change.replace.iter().map(|s| s.id),
+                self.spans.iter().map(|s| s.id),
+            );
+            for span in &change.replace {
+                if let Some(&Some(i)) = first.get(&span.id) {
+                    self.spans[i] = span.clone();
+                }
+            }
+        }
+        if let Some(summary) = &change.summary {
+            let at = self
+                .spans
+                .partition_point(|s| s.position < summary.position);
+            self.spans.insert(at, summary.clone());
+        }
+        self.spans.extend(change.append.iter().cloned());
+    }
+
+    /// Each live span's relevance as of the latest turn (the query is that
+    /// turn's non-summary text), weighted as the session's configuration
+    /// says: what GetContext reports next to every span.
+    pub fn relevance(&self) -> Vec<f64> {
+        relevance::score(
+            &self.spans,
+            &self.latest_query(),
+            self.record.turns,
+            &self.record.config.relevance,
+        )
+    }
+
+    /// The text of the latest turn's admitted spans: what relevance is
+    /// measured against when no turn is incoming.
+    fn latest_query(&self) -> String {
+        let latest = self.record.turns;
+        self.spans
+            .iter()
+            .filter(|s| s.turn == latest && s.class() != SpanClass::Summary)
+            .map(|s| s.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The sizes at stake for a turn of `incoming` spans.
+    fn sizes(&self, incoming: &[Span]) -> Sizes {
+        let live = Totals::of(&self.spans);
+        let turn = Totals::of(incoming);
+        let config = &self.record.config;
+        Sizes {
+            live: live.live_tokens,
+            incoming: turn.live_tokens,
+            pinned: live.pinned_tokens + turn.pinned_tokens,
+            budget: u64::from(config.budget_tokens()),
+            window: u64::from(config.window_tokens),
+        }
+    }
+
+    /// The record after a change of content or configuration: counters
+    /// recomputed from the live context after it, revision bumped.
+    fn content_record<'a>(
+        &self,
+        spans_after: impl IntoIterator<Item = &'a Span>,
+        now_ms: u64,
+    ) -> SessionRecord {
+        let mut record = self.record.clone();
+        Totals::of(spans_after).write_to(&mut record);
+        record.revision += 1;
+        record.updated_at_ms = now_ms;
+        record
+    }
+
+    /// A change that rewrites live spans in place (or nothing, for an
+    /// ABORTED marker): no span comes or goes.
+    fn in_place(
+        &self,
+        record: SessionRecord,
+        replace: Vec<Span>,
+        marker: Option<Marker>,
+    ) -> Change {
+        Change {
+            expected_revision: self.record.revision,
+            record,
+            append: Vec::new(),
+            evict: Vec::new(),
+            summary: None,
+            replace,
+            marker,
+        }
+    }
+}
