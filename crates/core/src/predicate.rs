@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use crate::classify::{CodeCursor, analyse, code_ranges, is_word_char, modality_name};
 use crate::fasthash::{self, FastMap};
 use crate::span::{Modality, Predicate, PredicateSource};
-use crate::summary::{chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
+use crate::text::{chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
 use crate::tokens::TokenCounter;
 
 /// The most verbatim and code-like terms a derived predicate requires.

@@ -12,7 +12,7 @@ use crate::fasthash::{self, FastMap, FastSet};
 use crate::plan::{Plan, Verdict, Violation, ViolationKind};
 use crate::predicate::check;
 use crate::span::{Span, SpanClass, SpanId};
-use crate::summary::extract_anchors;
+use crate::text::extract_anchors;
 use crate::tokens::TokenCounter;
 
 /// Checks that `post` is what `plan` makes of `pre`, and that it keeps

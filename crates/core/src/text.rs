@@ -1,0 +1,647 @@
+//! Text primitives that define the rules: what an anchor is, the chunks a
+//! text is read in, and a character-safe cut. The summariser, predicates
+//! and the verifier all read text through these, so they agree on it.
+//!
+//! # Anchors
+//!
+//! [`extract_anchors`] takes, in order of first appearance, deduplicated:
+//!
+//! - error lines: a line containing `ERROR`, `FAILED`, `FATAL`, `PANIC`,
+//!   `panicked` or `Traceback`; or `error`/`Error`/`fatal`/`failed`/
+//!   `exception`/`panic` (any case of the first letter) directly followed by
+//!   `:` or `[`; or a word ending in `Error`/`Exception` (`TypeError`,
+//!   `NullPointerException`); or a line starting with the word `Error`. The
+//!   line is trimmed and capped at [`MAX_ANCHOR_CHARS`] characters;
+//! - inline code (between backticks, on one line), trimmed and capped;
+//! - URLs (`scheme://...`);
+//! - paths: with a `/` (absolute, relative, `~/`, a trailing `/`, two or
+//!   more slashes, or one slash with a digit, `_`, `-` or `.` in it — not
+//!   `and/or`), Windows paths, and file names with a known extension
+//!   (`main.rs`, `Cargo.toml`);
+//! - identifiers: `snake_case`, `camelCase`/`PascalCase` with an inner
+//!   capital, dotted names (`os.path.join`, not `e.g.`), `a::b`, words
+//!   mixing letters and digits (`k8s`, `sha256`, not `2nd`), versions
+//!   (`1.2.3`), `--flags`, `$VARS`, `key=value`, kebab-case words with a
+//!   digit (`eu-west-1`);
+//! - numbers with units, attached (`30s`, `512MiB`, `99.9%`, `8080/tcp`)
+//!   or after one space (`512 MiB`, `30 seconds`).
+//!
+//! Plain English words, plain numbers, acronyms and plain kebab-case
+//! (`well-known`) are not anchors.
+
+use crate::classify::{code_ranges, is_word_char};
+use crate::fasthash;
+
+/// The longest anchor, in characters; longer error lines and inline code
+/// are cut (on a character boundary) to this many.
+pub const MAX_ANCHOR_CHARS: usize = 200;
+
+/// At most `max` characters of `s`, cut on a character boundary.
+pub(crate) fn cut_chars(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The anchors of a text: strings that must survive summarisation
+/// verbatim. Deduplicated, in order of first appearance; every anchor is a
+/// substring of `text`.
+pub fn extract_anchors(text: &str) -> Vec<String> {
+    let mut found: Vec<(usize, &str)> = Vec::new();
+    let mut offset = 0;
+    let lines = if may_report_error(text) { text } else { "" };
+    for line in lines.split('\n') {
+        let trimmed = line.trim();
+        if !trimmed.is_empty() && may_report_error(trimmed) && is_error_line(trimmed) {
+            let lead = line.len() - line.trim_start().len();
+            found.push((
+                offset + lead,
+                cut_chars(trimmed, MAX_ANCHOR_CHARS).trim_end(),
+            ));
+        }
+        offset += line.len() + 1;
+    }
+    for (start, end) in code_ranges(text) {
+        let inner = &text[start..end];
+        if inner.starts_with("```") {
+            continue;
+        }
+        let content = inner.trim_matches('`').trim();
+        if !content.is_empty() {
+            let at = start + inner.find(content).unwrap_or(0);
+            found.push((at, cut_chars(content, MAX_ANCHOR_CHARS).trim_end()));
+        }
+    }
+    let mut all = chunks(text).peekable();
+    while let Some((at, word)) = all.next() {
+        if chunk_is_anchor(word) {
+            found.push((at, word));
+        } else if is_plain_number(word)
+            && let Some(&(next_at, unit)) = all.peek()
+            && &text[at + word.len()..next_at] == " "
+            && is_separate_unit(unit)
+        {
+            found.push((at, &text[at..next_at + unit.len()]));
+        }
+    }
+    found.sort_by_key(|&(at, _)| at);
+    found.retain(|(_, a)| !a.is_empty());
+    let mut out: Vec<String> = Vec::with_capacity(found.len());
+    if found.len() <= 16 {
+        for (_, a) in found {
+            if !out.iter().any(|o| o == a) {
+                out.push(a.to_string());
+            }
+        }
+    } else {
+        let mut seen = fasthash::set(found.len());
+        for (_, a) in found {
+            if seen.insert(a) {
+                out.push(a.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// A cheap test that rules out most lines: an error line contains one of
+/// these words, in some case.
+fn may_report_error(line: &str) -> bool {
+    let b = line.as_bytes();
+    let at = |i: usize, stem: &[u8]| {
+        b.get(i..i + stem.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+    };
+    // Only the stems that start with the byte's letter can match there.
+    (0..b.len()).any(|i| match b[i] | 0x20 {
+        b'e' => at(i, b"error") || at(i, b"exception"),
+        b'f' => at(i, b"fail") || at(i, b"fatal"),
+        b'p' => at(i, b"panic"),
+        b't' => at(i, b"traceback"),
+        _ => false,
+    })
+}
+
+/// Whether a trimmed line reports an error.
+pub(crate) fn is_error_line(line: &str) -> bool {
+    let mut first = true;
+    let mut rest = line;
+    while let Some(start) = rest.find(is_word_char) {
+        let after = &rest[start..];
+        let len = after
+            .find(|c: char| !is_word_char(c))
+            .unwrap_or(after.len());
+        let word = &after[..len];
+        let next = after[len..].chars().next();
+        if matches!(
+            word,
+            "ERROR" | "FAILED" | "FATAL" | "PANIC" | "panicked" | "Traceback"
+        ) {
+            return true;
+        }
+        let lower_first = word.len() > 1 && {
+            let mut cs = word.chars();
+            let head = cs.next().map(|c| c.to_ascii_lowercase());
+            let tail = cs.as_str();
+            matches!(
+                (head, tail),
+                (Some('e'), "rror")
+                    | (Some('f'), "atal")
+                    | (Some('f'), "ailed")
+                    | (Some('e'), "xception")
+                    | (Some('p'), "anic")
+            )
+        };
+        if lower_first && matches!(next, Some(':' | '[')) {
+            return true;
+        }
+        if (word.len() > 5 && word.ends_with("Error"))
+            || (word.len() > 9 && word.ends_with("Exception"))
+        {
+            return true;
+        }
+        if first && word == "Error" {
+            return true;
+        }
+        first = false;
+        rest = &after[len..];
+    }
+    false
+}
+
+const LEADING_WRAP: &[char] = &[
+    '(', '[', '{', '<', '"', '\'', '`', '\u{201c}', '\u{2018}', '*',
+];
+const TRAILING_WRAP: &[char] = &[
+    ')', ']', '}', '>', '"', '\'', '`', '\u{201d}', '\u{2019}', ',', ';', ':', '.', '!', '?', '*',
+];
+
+/// The white-space separated chunks of a text, stripped of wrapping
+/// punctuation, with their byte offsets.
+pub(crate) fn chunks(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.split_whitespace().filter_map(move |raw| {
+        let at = raw.as_ptr() as usize - text.as_ptr() as usize;
+        // Most chunks start and end with a letter or digit: then there is
+        // nothing to strip, and no character needs decoding to tell.
+        let stripped = match raw.as_bytes().first() {
+            Some(&b) if b < 0x80 && !LEADING_ASCII[usize::from(b)] => raw,
+            _ => raw.trim_start_matches(LEADING_WRAP),
+        };
+        let lead = raw.len() - stripped.len();
+        let core = match stripped.as_bytes().last() {
+            Some(&b) if b < 0x80 && !TRAILING_ASCII[usize::from(b)] => stripped,
+            _ => stripped.trim_end_matches(TRAILING_WRAP),
+        };
+        (!core.is_empty()).then_some((at + lead, core))
+    })
+}
+
+/// The ASCII characters of a wrap list, as a table by byte.
+const fn ascii_table(chars: &[char]) -> [bool; 128] {
+    let mut t = [false; 128];
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i] as u32;
+        if c < 128 {
+            t[c as usize] = true;
+        }
+        i += 1;
+    }
+    t
+}
+
+static LEADING_ASCII: [bool; 128] = ascii_table(LEADING_WRAP);
+static TRAILING_ASCII: [bool; 128] = ascii_table(TRAILING_WRAP);
+
+/// Whether a stripped chunk is an anchor on its own.
+pub(crate) fn chunk_is_anchor(w: &str) -> bool {
+    if plain_word(w) || !w.chars().any(char::is_alphanumeric) {
+        return false;
+    }
+    is_url(w)
+        || is_path(w)
+        || is_number_with_unit(w)
+        || is_version(w)
+        || is_identifier(w)
+        || is_file_name(w)
+}
+
+/// ASCII letters without an inner capital: an English word, never an
+/// anchor. Most chunks are rejected here without further work.
+fn plain_word(w: &str) -> bool {
+    let mut prev_lower = false;
+    for &b in w.as_bytes() {
+        if !b.is_ascii_alphabetic() || (prev_lower && b.is_ascii_uppercase()) {
+            return false;
+        }
+        prev_lower = b.is_ascii_lowercase();
+    }
+    true
+}
+
+pub(crate) fn is_url(w: &str) -> bool {
+    match w.find("://") {
+        Some(i) if i > 0 => {
+            w[..i]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+')
+                && w.len() > i + 3
+        }
+        _ => false,
+    }
+}
+
+pub(crate) fn is_path(w: &str) -> bool {
+    let b = w.as_bytes();
+    if b.len() >= 3 && b[0].is_ascii_alphabetic() && b[1] == b':' && b[2] == b'\\' {
+        return true;
+    }
+    if !w.contains('/') || w.contains("://") {
+        return false;
+    }
+    if w.len() < 2 {
+        return false;
+    }
+    if w.starts_with('/') || w.starts_with("./") || w.starts_with("../") || w.starts_with("~/") {
+        return true;
+    }
+    if let Some(dir) = w.strip_suffix('/') {
+        return dir.chars().any(char::is_alphanumeric);
+    }
+    let slashes = w.matches('/').count();
+    if slashes >= 2 {
+        return true;
+    }
+    let (left, right) = w.split_once('/').unwrap_or((w, ""));
+    if left.is_empty() || right.is_empty() {
+        return false;
+    }
+    if w.chars().all(|c| c.is_ascii_digit() || c == '/') {
+        return false;
+    }
+    let plain = |s: &str| s.chars().all(char::is_alphabetic);
+    !(plain(left) && plain(right))
+}
+
+fn number_prefix(w: &str) -> usize {
+    let b = w.as_bytes();
+    let mut i = 0;
+    let mut digits = 0;
+    while i < b.len() {
+        match b[i] {
+            b'0'..=b'9' => {
+                digits += 1;
+                i += 1;
+            }
+            b',' | b'.' if digits > 0 && i + 1 < b.len() && b[i + 1].is_ascii_digit() => {
+                i += 1;
+            }
+            _ => break,
+        }
+    }
+    if digits == 0 { 0 } else { i }
+}
+
+pub(crate) fn is_plain_number(w: &str) -> bool {
+    let n = number_prefix(w);
+    n > 0 && n == w.len()
+}
+
+const UNITS: &[&str] = &[
+    "ns", "us", "µs", "ms", "s", "sec", "secs", "second", "seconds", "m", "min", "mins", "minute",
+    "minutes", "h", "hr", "hrs", "hour", "hours", "d", "day", "days", "w", "wk", "week", "weeks",
+    "b", "kb", "mb", "gb", "tb", "pb", "kib", "mib", "gib", "tib", "k", "byte", "bytes", "tok",
+    "tokens", "%", "x", "rps", "qps", "hz", "khz", "mhz", "ghz", "px", "em", "rem", "kbps", "mbps",
+    "gbps", "cpu", "cpus", "vcpu", "vcpus", "cores", "mi", "gi", "ki",
+];
+
+fn is_unit(u: &str) -> bool {
+    UNITS.iter().any(|unit| unit.eq_ignore_ascii_case(u))
+}
+
+pub(crate) fn is_number_with_unit(w: &str) -> bool {
+    let n = number_prefix(w);
+    if n == 0 || n == w.len() {
+        return false;
+    }
+    let rest = &w[n..];
+    if is_unit(rest) {
+        return true;
+    }
+    match rest.strip_prefix('/') {
+        Some(proto) => !proto.is_empty() && proto.chars().all(|c| c.is_ascii_alphabetic()),
+        None => false,
+    }
+}
+
+pub(crate) fn is_separate_unit(u: &str) -> bool {
+    (u.chars().count() >= 2 || u == "%") && is_unit(u)
+}
+
+pub(crate) fn is_version(w: &str) -> bool {
+    let body = w.strip_prefix('v').unwrap_or(w);
+    body.split('.').count() >= 3
+        && body
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+}
+
+const EXTENSIONS: &[&str] = &[
+    "rs",
+    "py",
+    "js",
+    "ts",
+    "tsx",
+    "jsx",
+    "go",
+    "java",
+    "kt",
+    "c",
+    "h",
+    "cc",
+    "cpp",
+    "hpp",
+    "cs",
+    "rb",
+    "php",
+    "swift",
+    "scala",
+    "sh",
+    "bash",
+    "zsh",
+    "toml",
+    "yaml",
+    "yml",
+    "json",
+    "md",
+    "txt",
+    "conf",
+    "cfg",
+    "ini",
+    "lock",
+    "log",
+    "sql",
+    "proto",
+    "html",
+    "css",
+    "xml",
+    "tf",
+    "env",
+    "csv",
+    "tsv",
+    "ipynb",
+    "gradle",
+    "mk",
+    "cmake",
+    "dockerfile",
+    "service",
+    "pem",
+    "crt",
+    "key",
+    "gz",
+    "zip",
+    "tar",
+    "wasm",
+    "so",
+    "dll",
+    "exe",
+    "bin",
+    "pdf",
+    "png",
+    "jpg",
+];
+
+pub(crate) fn is_file_name(w: &str) -> bool {
+    match w.rsplit_once('.') {
+        Some((name, ext)) => {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| is_word_char(c) || matches!(c, '-' | '.'))
+                && EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str())
+        }
+        None => false,
+    }
+}
+
+fn is_identifier(w: &str) -> bool {
+    if w.len() <= 5 && !w.starts_with(|c: char| c.is_ascii_digit()) && is_unit(w) {
+        return false;
+    }
+    if let Some(i) = w.find("::") {
+        let (l, r) = (&w[..i], &w[i + 2..]);
+        return l.chars().next_back().is_some_and(is_word_char)
+            && r.chars().next().is_some_and(is_word_char);
+    }
+    if let Some(flag) = w.strip_prefix("--") {
+        return flag.chars().next().is_some_and(char::is_alphabetic)
+            && flag
+                .chars()
+                .all(|c| is_word_char(c) || matches!(c, '-' | '='));
+    }
+    if let Some(var) = w.strip_prefix('$') {
+        let var = var.trim_start_matches('{').trim_end_matches('}');
+        return var
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphabetic() || c == '_')
+            && var.chars().all(is_word_char);
+    }
+    if let Some((k, v)) = w.split_once('=') {
+        return !k.is_empty()
+            && !v.is_empty()
+            && k.chars().all(|c| is_word_char(c) || c == '-')
+            && k.chars().any(char::is_alphabetic);
+    }
+    if w.contains('.') {
+        return w.split('.').all(|p| {
+            p.chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && p.chars().all(is_word_char)
+        }) && w.split('.').any(|p| p.chars().count() >= 2);
+    }
+    if w.contains('-') {
+        return w
+            .split('-')
+            .all(|p| !p.is_empty() && p.chars().all(char::is_alphanumeric))
+            && w.chars().any(|c| c.is_ascii_digit())
+            && w.chars().any(char::is_alphabetic);
+    }
+    if !w.chars().all(is_word_char) {
+        return false;
+    }
+    if w.contains('_') {
+        return w.chars().any(char::is_alphanumeric);
+    }
+    let has_digit = w.chars().any(|c| c.is_ascii_digit());
+    let has_alpha = w.chars().any(char::is_alphabetic);
+    if has_digit && has_alpha && w.chars().count() >= 2 {
+        let lower = w.to_ascii_lowercase();
+        let ordinal = ["st", "nd", "rd", "th"].iter().any(|s| {
+            lower
+                .strip_suffix(s)
+                .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
+        });
+        return !ordinal;
+    }
+    // An inner capital after a lower-case letter: camelCase, PascalCase.
+    let mut prev_lower = false;
+    for c in w.chars() {
+        if c.is_uppercase() && prev_lower {
+            return true;
+        }
+        prev_lower = c.is_lowercase();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn anchors_by_table() {
+        let cases: &[(&str, &[&str])] = &[
+            ("edit src/main.rs now", &["src/main.rs"]),
+            ("see /etc/x.conf.", &["/etc/x.conf"]),
+            (
+                "Refactor k8s/staging/deploy.yaml please",
+                &["k8s/staging/deploy.yaml"],
+            ),
+            (
+                "error: could not compile `ctxbroker`",
+                &["error: could not compile `ctxbroker`", "ctxbroker"],
+            ),
+            (
+                "thread 'main' panicked at src/lib.rs:10:5",
+                &[
+                    "thread 'main' panicked at src/lib.rs:10:5",
+                    "src/lib.rs:10:5",
+                ],
+            ),
+            (
+                "call `fetch_all` then parse_rows and HashMap",
+                &["fetch_all", "parse_rows", "HashMap"],
+            ),
+            ("use std::sync::Arc here", &["std::sync::Arc"]),
+            (
+                "docs at https://example.com/a?b=c).",
+                &["https://example.com/a?b=c"],
+            ),
+            ("limit is 512 MiB and timeout 30s", &["512 MiB", "30s"]),
+            (
+                "open 8080/tcp and wait 5 minutes",
+                &["8080/tcp", "5 minutes"],
+            ),
+            ("bump to v0.34.7 in Cargo.toml", &["v0.34.7", "Cargo.toml"]),
+            ("region eu-west-1 on k8s", &["eu-west-1", "k8s"]),
+            (
+                "run with --force and $HOME set, RUST_LOG=debug",
+                &["--force", "$HOME", "RUST_LOG=debug"],
+            ),
+            ("call os.path.join, e.g. for paths", &["os.path.join"]),
+            ("The quick brown fox jumps over the lazy dog.", &[]),
+            (
+                "We tried and/or considered 3 options on the 2nd day, a well-known API.",
+                &[],
+            ),
+            ("I think the error is in the parser", &[]),
+            (
+                "TypeError: x is undefined",
+                &["TypeError: x is undefined", "TypeError"],
+            ),
+            ("", &[]),
+        ];
+        for (text, want) in cases {
+            let got = extract_anchors(text);
+            let want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+            assert_eq!(got, want, "{text:?}");
+            for a in &got {
+                assert!(text.contains(a.as_str()));
+            }
+        }
+    }
+
+    #[test]
+    fn anchors_are_deduplicated_in_order() {
+        let got = extract_anchors("a src/a.rs b src/b.rs c src/a.rs");
+        assert_eq!(got, ["src/a.rs", "src/b.rs"]);
+    }
+
+    #[test]
+    fn long_error_lines_are_cut_on_a_char_boundary() {
+        let line = format!("ERROR {}", "é".repeat(500));
+        let got = extract_anchors(&line);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].chars().count(), MAX_ANCHOR_CHARS);
+        assert!(line.contains(&got[0]));
+    }
+
+    /// The stripped chunks and the error-stem test as first written
+    /// (generic character matching, every stem at every candidate byte),
+    /// against the byte-level shortcuts.
+    #[test]
+    fn shortcuts_agree_with_the_plain_definitions() {
+        fn plain_chunks(text: &str) -> Vec<(usize, &str)> {
+            text.split_whitespace()
+                .filter_map(|raw| {
+                    let at = raw.as_ptr() as usize - text.as_ptr() as usize;
+                    let stripped = raw.trim_start_matches(LEADING_WRAP);
+                    let lead = raw.len() - stripped.len();
+                    let core = stripped.trim_end_matches(TRAILING_WRAP);
+                    (!core.is_empty()).then_some((at + lead, core))
+                })
+                .collect()
+        }
+        fn plain_may_report_error(line: &str) -> bool {
+            const STEMS: [&[u8]; 6] = [
+                b"error",
+                b"fail",
+                b"fatal",
+                b"panic",
+                b"traceback",
+                b"exception",
+            ];
+            let b = line.as_bytes();
+            (0..b.len()).any(|i| {
+                STEMS.iter().any(|stem| {
+                    b.get(i..i + stem.len())
+                        .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+                })
+            })
+        }
+        let texts = [
+            "(see `src/main.rs`), then [retry] {twice}; <ok> \"quoted\" 'single' *bold*",
+            "\u{201c}curly\u{201d} \u{2018}single\u{2019} ...!?, a. b: c;",
+            "ERROR: Failed to start; FATAL panic! Traceback (most recent call last) TypeError",
+            "eRRor FaIl fAtAl PaNiC tRaCeBaCk ExCePtIoN exceptio erro fai",
+            "Ünïcödé «guillemets» — dash, 日本語。 🦀!",
+            "",
+            "   ",
+            "((( ))) ``` *** ... ,,,",
+            "E F P T e f p t",
+        ];
+        for text in texts {
+            assert_eq!(
+                chunks(text).collect::<Vec<_>>(),
+                plain_chunks(text),
+                "{text:?}"
+            );
+            assert_eq!(
+                may_report_error(text),
+                plain_may_report_error(text),
+                "{text:?}"
+            );
+            for line in text.split(['\n', ' ']) {
+                assert_eq!(
+                    may_report_error(line),
+                    plain_may_report_error(line),
+                    "{line:?}"
+                );
+            }
+        }
+    }
+}
