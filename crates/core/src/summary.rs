@@ -30,7 +30,7 @@ use crate::fasthash::{self, FastSet};
 use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{
     chunk_is_anchor, chunks, cut_chars, is_error_line, is_file_name, is_number_with_unit, is_path,
-    is_url, is_version,
+    is_url, is_version, required_anchors,
 };
 use crate::tokens::TokenCounter;
 
@@ -69,15 +69,6 @@ pub struct SummaryDraft {
 /// its anchors are carried).
 pub(crate) fn is_summary(span: &Span) -> bool {
     span.summary.is_some() || span.class() == SpanClass::Summary || span.generation > 0
-}
-
-/// The anchors a span obliges the next summary to carry: a summary's
-/// recorded anchors, or the anchors of an original span's text.
-pub(crate) fn required_anchors(span: &Span) -> Vec<String> {
-    match &span.summary {
-        Some(info) => info.anchors.clone(),
-        None => extract_anchors(&span.text),
-    }
 }
 
 /// Writes one summary of `evicted` (in prompt order) within `max_tokens`.

@@ -31,10 +31,20 @@
 
 use crate::classify::{code_ranges, is_word_char};
 use crate::fasthash;
+use crate::span::Span;
 
 /// The longest anchor, in characters; longer error lines and inline code
 /// are cut (on a character boundary) to this many.
 pub const MAX_ANCHOR_CHARS: usize = 200;
+
+/// The anchors a span obliges the next summary to carry: a summary's
+/// recorded anchors, or the anchors of an original span's text.
+pub(crate) fn required_anchors(span: &Span) -> Vec<String> {
+    match &span.summary {
+        Some(info) => info.anchors.clone(),
+        None => extract_anchors(&span.text),
+    }
+}
 
 /// At most `max` characters of `s`, cut on a character boundary.
 pub(crate) fn cut_chars(s: &str, max: usize) -> &str {
