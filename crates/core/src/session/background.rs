@@ -22,6 +22,8 @@ impl Session {
     /// approval pending) and admitted something since its last compaction
     /// — an idle session is never compacted — and unless the verified plan
     /// makes the context smaller.
+    ///
+    /// [`SessionConfig::soft_target_tokens`]: crate::config::SessionConfig::soft_target_tokens
     pub fn soft_compaction(&self, now_ms: u64, counter: &dyn TokenCounter) -> Option<Change> {
         if !self.compacts_on_its_own() {
             return None;
