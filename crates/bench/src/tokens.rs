@@ -32,7 +32,7 @@ use crate::common::{Failure, Rng, median};
 pub const DEFAULT_ADVERSARIAL_BYTES: [usize; 3] = [10_000, 100_000, 1_000_000];
 
 /// The repository texts of the corpus.
-const REPOSITORY_TEXTS: [(&str, &str); 6] = [
+const REPOSITORY_TEXTS: [(&str, &str); 7] = [
     (
         "proto/ctxbroker/v1/broker.proto",
         include_str!("../../../proto/ctxbroker/v1/broker.proto"),
@@ -45,6 +45,10 @@ const REPOSITORY_TEXTS: [(&str, &str); 6] = [
     (
         "crates/core/src/summary.rs",
         include_str!("../../core/src/summary.rs"),
+    ),
+    (
+        "crates/core/src/text.rs",
+        include_str!("../../core/src/text.rs"),
     ),
     (
         "crates/core/src/predicate.rs",
