@@ -1,6 +1,8 @@
 //! End-to-end tests: each starts the real `ctxbrokerd` binary on a socket
 //! it bound itself, with a temporary data directory, and talks gRPC to it.
 
+// The helpers the tests share are not `#[test]` functions, which is all
+// `allow-unwrap-in-tests` covers in an integration test.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -1035,7 +1035,6 @@ fn is_identifier(w: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::span::{ClassSource, Classification, Role, SummaryInfo};
     use crate::tokens::ByteLength;

@@ -783,7 +783,6 @@ fn check_anchors(v: &mut Report, plan: &Plan, evicted: &[&Span]) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::plan::{CompressedForm, Eviction, EvictionReason};
     use crate::planner::{PlanInput, apply, plan};
