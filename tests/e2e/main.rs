@@ -18,7 +18,7 @@ mod classify;
 mod cliff;
 mod config;
 mod corruption;
-mod crash_loop;
+mod crash;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;
