@@ -1,6 +1,8 @@
 //! End-to-end tests: each starts the real `ctxbrokerd` binary on a socket
 //! it bound itself, with a temporary data directory, and talks gRPC to it.
 
+// The helpers the tests share are not `#[test]` functions, which is all
+// `allow-unwrap-in-tests` covers in an integration test.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,7 +18,7 @@ mod classify;
 mod cliff;
 mod config;
 mod corruption;
-mod crash_loop;
+mod crash;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;

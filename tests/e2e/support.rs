@@ -5,7 +5,7 @@
 //! log file beside its data; a daemon that exits before answering fails
 //! the test at once with its exit status and that log.
 
-#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, dead_code)]
+#![allow(unsafe_code, dead_code)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -3,8 +3,6 @@
 //! plausible figures. They measure nothing; they fail when the harness
 //! rots.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 mod support;
 
 use support::bench;

@@ -4,7 +4,7 @@
 //! so these are floors that catch a broken feature, not the measurement;
 //! the measurement is the held-out split in docs/benchmarks.md).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(missing_docs)]
 
 mod support;
 

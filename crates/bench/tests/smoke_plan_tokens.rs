@@ -1,6 +1,5 @@
 //! `ctxbroker-bench plan` and `ctxbroker-bench tokens` run on tiny inputs
 //! and print every row, with plausible figures.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

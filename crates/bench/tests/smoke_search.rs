@@ -2,7 +2,7 @@
 //! smaller than the text, and every anchor query finds its span (the run
 //! fails otherwise).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(missing_docs)]
 
 mod support;
 

@@ -2,7 +2,7 @@
 //! (this package's own binary, serving through `storage serve`, since cargo
 //! builds `ctxbrokerd` only for the root package's tests), restarts it,
 //! reads everything back, and reports every figure.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(missing_docs)]
 
 use std::path::PathBuf;
 

@@ -193,7 +193,6 @@ fn refuse<T>(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision<T> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::span::Role;
     use crate::tokens::ByteLength;

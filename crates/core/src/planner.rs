@@ -528,7 +528,6 @@ pub fn compressed_span(span: &Span, text: &str, tokens: u32) -> Span {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::relevance::RelevanceWeights;
     use crate::tokens::ByteLength;

@@ -725,7 +725,6 @@ pub fn describe(predicate: &Predicate) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::config::TokenizerKind;
     use crate::tokens::{ByteLength, counter};

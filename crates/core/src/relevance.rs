@@ -544,7 +544,6 @@ fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::span::{ClassSource, Classification, Role, SpanClass};
 

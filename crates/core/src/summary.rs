@@ -543,7 +543,6 @@ fn sentences(text: &str) -> impl Iterator<Item = String> + '_ {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::span::{ClassSource, Classification, Role, SummaryInfo};
     use crate::tokens::ByteLength;

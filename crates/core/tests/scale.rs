@@ -6,7 +6,6 @@
 //! `cargo test --release -p ctxbroker-core --test scale -- --ignored --nocapture`);
 //! it fails above 250 ms, far above the 20 ms the product aims at, so that
 //! it flags regressions without depending on the machine's load.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,6 @@
 //! Property (3): a summary carries every anchor of its inputs or counts it
 //! as dropped, stays within its token limit (counted on the final text),
 //! and respects the generation rule.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

@@ -1,7 +1,6 @@
 //! No policy function panics on any text, and what the predicate functions
 //! promise holds for every input: a derived predicate's own compressed form
 //! passes its check, and classification is stable under case.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 

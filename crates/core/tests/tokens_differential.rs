@@ -1,6 +1,5 @@
 //! The embedded tokenizers count exactly what OpenAI's reference
 //! implementation encodes (without special tokens), for both encodings.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::LazyLock;
 

@@ -16,8 +16,6 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ctxb
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::expect_used)]
-
     use prost::Message;
 
     #[test]

@@ -839,8 +839,6 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
     use std::collections::BTreeSet;
 
     use super::*;

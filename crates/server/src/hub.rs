@@ -271,8 +271,6 @@ impl MarkerFeed {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
     use std::sync::Arc;
 
     use ctxbroker_core::SessionConfig;

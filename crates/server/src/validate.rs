@@ -461,8 +461,6 @@ pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-
     use super::*;
 
     fn fields(err: ApiError) -> Vec<String> {

@@ -3,7 +3,7 @@
 //! known roles and classes, bounded non-empty texts, hints in [0, 1] and
 //! well-formed keys; a configuration it accepts passes the policy's own
 //! validation.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(missing_docs)]
 
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::config::Limits;

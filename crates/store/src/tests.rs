@@ -1,7 +1,7 @@
 //! Tests that reach the engine's trees directly: damaged records and
 //! foreign formats.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::await_holding_lock)]
+#![allow(clippy::await_holding_lock)]
 
 #[path = "../tests/support/mod.rs"]
 pub(crate) mod support;

@@ -1,6 +1,6 @@
 //! Sessions: create, list, delete; closing; reopening after a drop.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(missing_docs)]
 
 mod support;
 

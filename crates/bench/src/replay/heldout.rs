@@ -167,7 +167,6 @@ fn shuffle<T>(items: &mut [T], rng: &mut Rng) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use std::collections::BTreeSet;
 

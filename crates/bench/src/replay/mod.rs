@@ -844,7 +844,6 @@ pub fn replay_main(args: &[String]) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     #[test]

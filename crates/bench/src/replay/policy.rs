@@ -630,7 +630,6 @@ pub(crate) fn held_mask(text: &str, constraints: &[Constraint]) -> Bits {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::replay::trace::Source;
     use ctxbroker_core::config::TokenizerKind;

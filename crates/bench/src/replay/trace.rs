@@ -948,7 +948,6 @@ impl Writer {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use ctxbroker_core::classify::{classify, modality_of};
     use ctxbroker_core::config::TokenizerKind;

@@ -1,5 +1,8 @@
 //! What the smoke tests share: running the built bench binary.
 
+// Not `#[test]` code: `allow-expect-in-tests` does not reach it.
+#![allow(clippy::expect_used)]
+
 use std::process::Command;
 
 /// Runs `ctxbroker-bench ARGS` and returns its standard output; fails the

@@ -122,7 +122,6 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use crate::plan::{CompressedForm, Eviction, EvictionReason};
     use crate::planner::{PlanInput, apply, plan};

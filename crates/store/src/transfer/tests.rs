@@ -2,8 +2,6 @@
 //! damaged, altered or inconsistent is refused by part, and nothing is
 //! written.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 
 use ctxbroker_core::marker::Outcome;
