@@ -456,6 +456,25 @@ async fn the_endpoint_answers_its_edges_and_stops_on_shutdown() {
     });
     assert_eq!(allow, Some("GET, HEAD"), "{put}");
 
+    let head = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.ends_with("\r\n\r\n"),
+        "a HEAD answer has no body: {head}"
+    );
+    let root = exchange(addr, b"GET /?x HTTP/1.1\r\n\r\n").await;
+    assert!(root.starts_with("HTTP/1.1 200 OK\r\n"), "{root}");
+    let missing = exchange(addr, b"GET /metrics/x HTTP/1.1\r\n\r\n").await;
+    assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
+
+    // A client that never sends its request does not hold the shutdown.
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), served)
         .await
