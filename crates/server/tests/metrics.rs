@@ -449,13 +449,132 @@ async fn the_endpoint_answers_its_edges_and_stops_on_shutdown() {
 
     let put = exchange(addr, b"PUT /metrics HTTP/1.1\r\n\r\n").await;
     assert!(put.starts_with("HTTP/1.1 405 "), "{put}");
-    assert!(put.contains("Allow: GET, HEAD\r\n"), "{put}");
+    // Header names are case-insensitive (hyper writes them in lower case).
+    let allow = put.split("\r\n").find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("allow").then(|| value.trim())
+    });
+    assert_eq!(allow, Some("GET, HEAD"), "{put}");
 
+    let head = exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.ends_with("\r\n\r\n"),
+        "a HEAD answer has no body: {head}"
+    );
+    let root = exchange(addr, b"GET /?x HTTP/1.1\r\n\r\n").await;
+    assert!(root.starts_with("HTTP/1.1 200 OK\r\n"), "{root}");
+    let missing = exchange(addr, b"GET /metrics/x HTTP/1.1\r\n\r\n").await;
+    assert!(missing.starts_with("HTTP/1.1 404 "), "{missing}");
+
+    // A client that never sends its request does not hold the shutdown.
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), served)
         .await
         .expect("the endpoint stops on shutdown")
         .unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    store.close().unwrap();
+}
+
+/// Every family the exposition exports, with its type: a family dropped,
+/// renamed or retyped fails here. The list was taken from the exposition
+/// before the registry moved to prometheus-client.
+const FAMILIES: &[(&str, &str)] = &[
+    ("ctxbroker_admissions_total", "counter"),
+    ("ctxbroker_admitted_spans_total", "counter"),
+    ("ctxbroker_admitted_tokens_total", "counter"),
+    ("ctxbroker_anchors_dropped_total", "counter"),
+    ("ctxbroker_build_info", "gauge"),
+    ("ctxbroker_compaction_evicted_spans_total", "counter"),
+    ("ctxbroker_compaction_reclaimed_tokens_total", "counter"),
+    ("ctxbroker_compactions_total", "counter"),
+    ("ctxbroker_escalations_total", "counter"),
+    ("ctxbroker_live_tokens", "gauge"),
+    ("ctxbroker_marker_next_seq", "gauge"),
+    ("ctxbroker_pinned_tokens", "gauge"),
+    ("ctxbroker_rpc_duration_seconds", "histogram"),
+    ("ctxbroker_scrape_duration_seconds", "gauge"),
+    ("ctxbroker_session_budget_tokens", "gauge"),
+    ("ctxbroker_session_live_tokens", "gauge"),
+    ("ctxbroker_sessions", "gauge"),
+    ("ctxbroker_sessions_by_fill", "gauge"),
+    ("ctxbroker_start_time_seconds", "gauge"),
+    ("ctxbroker_store_batches_total", "counter"),
+    ("ctxbroker_store_flush_duration_seconds", "histogram"),
+    ("ctxbroker_store_flushes_total", "counter"),
+    ("ctxbroker_store_queued_writes", "gauge"),
+    ("ctxbroker_store_rejected_writes_total", "counter"),
+    ("ctxbroker_store_writes_total", "counter"),
+    ("ctxbroker_verification_failures_total", "counter"),
+    ("ctxbroker_watcher_log_fallbacks_total", "counter"),
+    ("ctxbroker_watcher_max_lag_markers", "gauge"),
+    ("ctxbroker_watchers", "gauge"),
+    ("ctxbroker_watchers_lagging", "gauge"),
+];
+
+#[tokio::test]
+async fn the_exposition_exports_exactly_the_known_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new(BUILD, 10));
+    let hub = Hub::new();
+    let store = store(dir.path(), &metrics, &hub);
+    let broker = Broker::new(store.clone(), Limits::default());
+    broker
+        .create_session("g", SessionConfig::with_window(1000))
+        .await
+        .unwrap();
+    broker
+        .admit("g", vec![tool("a short tool output".into())])
+        .await
+        .unwrap();
+    let feed = MarkerFeed::open(&hub, store.clone(), FeedStart::Now, None).unwrap();
+    let _probe = metrics.watcher(feed.next_seq());
+    let mut timed = Timed::new(
+        Fixed::Status(None),
+        metrics.clone(),
+        Duration::from_secs(30),
+    );
+    timed.call(request("Admit", None)).await.unwrap();
+
+    let text = render(&metrics, &store);
+    let mut types = std::collections::BTreeMap::new();
+    let mut helps = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(types.insert(name, kind).is_none(), "{name} twice\n{text}");
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            assert!(!help.trim().is_empty(), "{name} has no help");
+            helps.insert(name);
+        }
+    }
+    let want: std::collections::BTreeMap<&str, &str> = FAMILIES.iter().copied().collect();
+    assert_eq!(types, want, "\n{text}");
+    assert_eq!(
+        helps,
+        want.keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    // Every family has samples: a family without any would say nothing.
+    for (family, _) in FAMILIES {
+        assert!(
+            text.lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(family)),
+            "{family} has no sample\n{text}"
+        );
+    }
+    if let Ok(path) = std::env::var("CTXBROKER_DUMP_EXPOSITION") {
+        std::fs::write(path, &text).unwrap();
+    }
     store.close().unwrap();
 }

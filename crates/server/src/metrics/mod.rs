@@ -1,0 +1,251 @@
+//! Prometheus metrics: the families the daemon exports, kept in a
+//! [prometheus-client](prometheus_client) registry and served by a small
+//! axum endpoint on its own address (`--metrics-addr`, off by default).
+//!
+//! - `registry`: the counters and the flush histogram, fed by the services
+//!   and the store's hooks;
+//! - `scrape`: the gauges read at scrape time (stored sessions, watchers,
+//!   the store's writer), a prometheus-client collector;
+//! - `timed`: the tower service timing `ContextBroker` calls ([`Timed`]);
+//! - `endpoint`: the HTTP endpoint ([`serve`]).
+//!
+//! # Exposition format
+//!
+//! The exposition is the Prometheus text format, version 0.0.4, served as
+//! `text/plain; version=0.0.4; charset=utf-8` — what the daemon has always
+//! served — written by [`prometheus_client::encoding::prometheus_text`],
+//! not OpenMetrics: OpenMetrics names a counter's family without `_total`
+//! (`# TYPE ctxbroker_admissions counter` above `ctxbroker_admissions_total`
+//! samples) and ends with `# EOF`, which strict text-format readers of
+//! today's output refuse. Counters are registered without their `_total`;
+//! the encoder appends it, so the series names are unchanged.
+//!
+//! # Families
+//!
+//! | family | type | labels | what |
+//! |---|---|---|---|
+//! | `ctxbroker_build_info` | gauge | `version`, `commit` | always 1 |
+//! | `ctxbroker_start_time_seconds` | gauge | | when the daemon started |
+//! | `ctxbroker_admissions_total` | counter | `outcome` | turns: `admitted`, `replayed` (idempotent retry), `escalated` (FAILED_PRECONDITION), `refused` (any other error) |
+//! | `ctxbroker_admitted_tokens_total` | counter | | tokens of admitted spans |
+//! | `ctxbroker_admitted_spans_total` | counter | `class` | admitted spans by class |
+//! | `ctxbroker_compactions_total` | counter | `trigger`, `outcome` | every marker written |
+//! | `ctxbroker_compaction_evicted_spans_total` | counter | | spans moved to the archive |
+//! | `ctxbroker_compaction_reclaimed_tokens_total` | counter | | live tokens freed by committed compactions |
+//! | `ctxbroker_anchors_dropped_total` | counter | | anchors a summary could not carry (invariant 8) |
+//! | `ctxbroker_escalations_total` | counter | `trigger` | compactions that could not be made valid (ABORTED markers) |
+//! | `ctxbroker_verification_failures_total` | counter | `reason` | violations in those markers, by kind |
+//! | `ctxbroker_sessions` | gauge | | sessions stored |
+//! | `ctxbroker_live_tokens` | gauge | | live tokens, all sessions |
+//! | `ctxbroker_pinned_tokens` | gauge | | pinned tokens, all sessions |
+//! | `ctxbroker_session_live_tokens` | gauge | `session_id` | the top sessions by live tokens |
+//! | `ctxbroker_session_budget_tokens` | gauge | `session_id` | the same sessions' budgets |
+//! | `ctxbroker_sessions_by_fill` | gauge | `fill` | sessions by live / budget band |
+//! | `ctxbroker_watchers` | gauge | | open WatchCompactions streams |
+//! | `ctxbroker_watchers_lagging` | gauge | | of those, watchers behind the head |
+//! | `ctxbroker_watcher_max_lag_markers` | gauge | | markers the furthest-behind watcher has not yet taken |
+//! | `ctxbroker_watcher_log_fallbacks_total` | counter | | times a watcher fell behind the live ring and went back to the log |
+//! | `ctxbroker_marker_next_seq` | gauge | | the sequence the next marker will take |
+//! | `ctxbroker_store_flush_duration_seconds` | histogram | | each flush of the engine |
+//! | `ctxbroker_store_writes_total` | counter | | writes the store's writer took |
+//! | `ctxbroker_store_rejected_writes_total` | counter | | of those, refused (stale revision, ...) |
+//! | `ctxbroker_store_batches_total` | counter | | batches the writer applied |
+//! | `ctxbroker_store_flushes_total` | counter | | flushes |
+//! | `ctxbroker_store_queued_writes` | gauge | | writes waiting for the writer |
+//! | `ctxbroker_rpc_duration_seconds` | histogram | `method`, `code` | `ContextBroker` calls (written once a call was timed) |
+//! | `ctxbroker_scrape_duration_seconds` | gauge | | how long the previous scrape took |
+//!
+//! # Bounded cardinality
+//!
+//! Every label takes values from a fixed set, except `session_id`: live
+//! tokens per session are exported for the `top_sessions` sessions with the
+//! most live tokens (10 by default, 0 for none; ties go to the smaller id),
+//! plus aggregates over all sessions — their sum, and how many sessions
+//! fill their budget to 0–50 %, 50–80 %, 80–90 % and 90–100 %. So the
+//! number of series stays bounded whatever the number of sessions, and the
+//! sessions closest to a compaction are the ones named. `method` takes the
+//! contract's RPC names (read from its descriptor set, so a new RPC needs
+//! no change here) or `other`; `code` the 17 gRPC codes.
+//!
+//! The labelled counters are created with all their label values when the
+//! daemon starts (a zero is a sample too), and the admission path holds
+//! their handles: an observation is an atomic add, with no label lookup.
+//! The cost of a scrape (one pass over the stored sessions, formatting) is
+//! paid by the scraper, off the request path, one scrape at a time.
+
+mod endpoint;
+mod registry;
+mod scrape;
+mod timed;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ctxbroker_core::Marker;
+use ctxbroker_proto::v1 as pb;
+use ctxbroker_store::{Store, StoreError};
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::registry::Registry;
+
+use crate::BuildInfo;
+use crate::error::ApiError;
+
+pub use endpoint::serve;
+pub use timed::{Timed, TimedCall};
+
+/// Sessions named by `ctxbroker_session_live_tokens` unless configured.
+pub const DEFAULT_TOP_SESSIONS: usize = 10;
+/// The most sessions that setting may name.
+pub const MAX_TOP_SESSIONS: usize = 100;
+
+/// Why a scrape failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// The stored sessions could not be read.
+    #[error("reading the sessions: {0}")]
+    Store(#[from] StoreError),
+    /// The exposition could not be written.
+    #[error("encoding the exposition")]
+    Encode(#[from] std::fmt::Error),
+}
+
+/// The open watches and where each one is in the marker log.
+#[derive(Debug, Default)]
+struct Watchers {
+    next_id: AtomicU64,
+    /// Each watcher's next sequence to deliver. Locked only when a watch
+    /// opens or ends, and by scrapes.
+    positions: Mutex<HashMap<u64, Arc<AtomicU64>>>,
+}
+
+impl Watchers {
+    fn positions(&self) -> Vec<u64> {
+        self.positions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .map(|p| p.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+/// One watcher's entry in the metrics: its feed reports its position
+/// through it, and dropping it removes the watcher.
+#[derive(Debug)]
+pub struct WatcherProbe {
+    id: u64,
+    position: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+}
+
+impl WatcherProbe {
+    /// The watcher's next sequence to deliver is `next_seq`.
+    pub fn at(&self, next_seq: u64) {
+        self.position.store(next_seq, Ordering::Relaxed);
+    }
+
+    /// The watcher fell behind the live ring and reads the log again.
+    pub fn fell_back(&self) {
+        self.metrics.counters.watcher_log_fallbacks.inc();
+    }
+}
+
+impl Drop for WatcherProbe {
+    fn drop(&mut self) {
+        self.metrics
+            .watchers
+            .positions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// The daemon's metrics. Shared by the services, the store's hooks and the
+/// HTTP endpoint.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    counters: registry::Counters,
+    rpc: timed::RpcTable,
+    top_sessions: usize,
+    watchers: Watchers,
+    /// Microseconds the previous scrape took.
+    last_scrape_us: AtomicU64,
+    /// One scrape at a time: each walks every stored session.
+    scrape: tokio::sync::Mutex<()>,
+}
+
+impl Metrics {
+    /// Empty metrics for a daemon built as `build`, naming at most
+    /// `top_sessions` sessions (clamped to [`MAX_TOP_SESSIONS`]).
+    pub fn new(build: BuildInfo, top_sessions: usize) -> Metrics {
+        let mut registry = Registry::default();
+        let counters = registry::Counters::register(&mut registry, build);
+        let rpc = timed::RpcTable::register(&mut registry);
+        Metrics {
+            registry,
+            counters,
+            rpc,
+            top_sessions: top_sessions.min(MAX_TOP_SESSIONS),
+            watchers: Watchers::default(),
+            last_scrape_us: AtomicU64::new(0),
+            scrape: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Records how an admission ended, from what the service answers.
+    pub fn admission(&self, result: &Result<pb::AdmitResponse, ApiError>) {
+        self.counters.admission(result);
+    }
+
+    /// Records the markers of a flushed batch (the store's commit hook).
+    pub fn markers(&self, markers: &[Marker]) {
+        self.counters.markers(markers);
+    }
+
+    /// Records one flush of the store (the store's flush observer).
+    pub fn flushed(&self, took: Duration) {
+        self.counters.flush.observe(took.as_secs_f64());
+    }
+
+    /// Registers a watcher whose next sequence to deliver is `next_seq`.
+    pub fn watcher(self: &Arc<Self>, next_seq: u64) -> Arc<WatcherProbe> {
+        let id = self.watchers.next_id.fetch_add(1, Ordering::Relaxed);
+        let position = Arc::new(AtomicU64::new(next_seq));
+        self.watchers
+            .positions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id, position.clone());
+        Arc::new(WatcherProbe {
+            id,
+            position,
+            metrics: self.clone(),
+        })
+    }
+
+    /// Renders every family in the text format. Walks the stored sessions,
+    /// so it blocks: call it off the runtime's workers.
+    pub fn render(&self, store: &Store) -> Result<String, ScrapeError> {
+        let started = Instant::now();
+        // Read first: reading can fail, encoding a collector cannot report
+        // why.
+        let scraped = scrape::Scraped::read(
+            store,
+            self.top_sessions,
+            &self.watchers.positions(),
+            self.last_scrape_us.load(Ordering::Relaxed),
+        )?;
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &self.registry)?;
+        let mut read_now = Registry::default();
+        read_now.register_collector(Box::new(scraped));
+        prometheus_text::encode(&mut text, &read_now)?;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last_scrape_us.store(took, Ordering::Relaxed);
+        Ok(text)
+    }
+}

@@ -1,0 +1,302 @@
+//! The families fed as things happen: admissions, compaction markers,
+//! store flushes, watcher fall-backs, and the build's identity. Each
+//! labelled family is created with every label value it can take, and the
+//! counters' handles are kept in arrays indexed by label, so counting is an
+//! atomic add.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::atomic::AtomicU64;
+
+use ctxbroker_core::Marker;
+use ctxbroker_core::marker::{CompactionTrigger, Outcome};
+use ctxbroker_core::plan::ViolationKind;
+use ctxbroker_proto::v1 as pb;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::BuildInfo;
+use crate::broker::now_ms;
+use crate::error::ApiError;
+
+/// Flush latency buckets, in seconds: 100 µs to 2.5 s.
+const FLUSH_BUCKETS: [f64; 14] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// How an admission ended, for `ctxbroker_admissions_total`: admitted,
+/// replayed (an idempotent retry), escalated, refused.
+const ADMISSIONS: [&str; 4] = ["admitted", "replayed", "escalated", "refused"];
+
+const TRIGGERS: [(CompactionTrigger, &str); 5] = [
+    (CompactionTrigger::HardBudget, "HARD_BUDGET"),
+    (CompactionTrigger::SoftWatermark, "SOFT_WATERMARK"),
+    (CompactionTrigger::Staleness, "STALENESS"),
+    (CompactionTrigger::Manual, "MANUAL"),
+    (CompactionTrigger::Unpin, "UNPIN"),
+];
+
+const OUTCOMES: [(Outcome, &str); 2] = [
+    (Outcome::Committed, "COMMITTED"),
+    (Outcome::Aborted, "ABORTED"),
+];
+
+const VIOLATIONS: [(ViolationKind, &str); 8] = [
+    (ViolationKind::PinnedMissing, "PINNED_MISSING"),
+    (ViolationKind::PredicateUnsatisfied, "PREDICATE_UNSATISFIED"),
+    (ViolationKind::OverBudget, "OVER_BUDGET"),
+    (ViolationKind::PinnedExceedBudget, "PINNED_EXCEED_BUDGET"),
+    (ViolationKind::TurnTooLarge, "TURN_TOO_LARGE"),
+    (ViolationKind::GenerationExceeded, "GENERATION_EXCEEDED"),
+    (ViolationKind::AnchorMissing, "ANCHOR_MISSING"),
+    (ViolationKind::PlanInconsistent, "PLAN_INCONSISTENT"),
+];
+
+const CLASSES: [&str; 2] = ["constraint", "narrative"];
+
+fn trigger_index(trigger: CompactionTrigger) -> usize {
+    // Exhaustive: a new trigger must be given a label.
+    match trigger {
+        CompactionTrigger::HardBudget => 0,
+        CompactionTrigger::SoftWatermark => 1,
+        CompactionTrigger::Staleness => 2,
+        CompactionTrigger::Manual => 3,
+        CompactionTrigger::Unpin => 4,
+    }
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Committed => 0,
+        Outcome::Aborted => 1,
+    }
+}
+
+fn violation_index(kind: ViolationKind) -> usize {
+    match kind {
+        ViolationKind::PinnedMissing => 0,
+        ViolationKind::PredicateUnsatisfied => 1,
+        ViolationKind::OverBudget => 2,
+        ViolationKind::PinnedExceedBudget => 3,
+        ViolationKind::TurnTooLarge => 4,
+        ViolationKind::GenerationExceeded => 5,
+        ViolationKind::AnchorMissing => 6,
+        ViolationKind::PlanInconsistent => 7,
+    }
+}
+
+/// One label: name and value.
+type Label = (&'static str, &'static str);
+
+/// Registers a counter family (`name` without its `_total`, which the
+/// encoder appends) with one series per label set, and returns their
+/// counters in the same order.
+fn counters<L, const N: usize>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    label_sets: [L; N],
+) -> [Counter; N]
+where
+    L: Clone + Hash + Eq + EncodeLabelSet + Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Counter>::default();
+    let counters = label_sets.map(|labels| family.get_or_create_owned(&labels));
+    registry.register(name, help, family);
+    counters
+}
+
+/// Registers an unlabelled counter.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let counter = Counter::default();
+    registry.register(name, help, counter.clone());
+    counter
+}
+
+/// The counters and histograms fed by the services and the store. Help
+/// texts have no final period: the registry appends one.
+#[derive(Debug)]
+pub(super) struct Counters {
+    admissions: [Counter; 4],
+    admitted_tokens: Counter,
+    admitted_spans: [Counter; 2],
+    /// trigger × outcome.
+    compactions: [Counter; 10],
+    evicted_spans: Counter,
+    reclaimed_tokens: Counter,
+    anchors_dropped: Counter,
+    escalations: [Counter; 5],
+    verification_failures: [Counter; 8],
+    pub(super) watcher_log_fallbacks: Counter,
+    pub(super) flush: Histogram,
+}
+
+impl Counters {
+    /// Registers the families in `registry`, all at zero.
+    pub(super) fn register(registry: &mut Registry, build: BuildInfo) -> Counters {
+        registry.register(
+            "ctxbroker_build",
+            "Always 1; the labels say what the daemon was built from",
+            Info::new([("version", build.version), ("commit", build.git_commit)]),
+        );
+        let started: Gauge<f64, AtomicU64> = Gauge::default();
+        started.set(now_ms() as f64 / 1000.0);
+        registry.register(
+            "ctxbroker_start_time_seconds",
+            "When the daemon started, in seconds since the Unix epoch",
+            started,
+        );
+        let r = registry;
+        let compaction_labels: [[Label; 2]; 10] = std::array::from_fn(|i| {
+            let trigger = TRIGGERS.get(i / OUTCOMES.len()).map_or("", |t| t.1);
+            let outcome = OUTCOMES.get(i % OUTCOMES.len()).map_or("", |o| o.1);
+            [("trigger", trigger), ("outcome", outcome)]
+        });
+        let counters = Counters {
+            admissions: counters(
+                r,
+                "ctxbroker_admissions",
+                "Turns offered to Admit and AdmitStream, by outcome: admitted, replayed (an idempotent retry), escalated (FAILED_PRECONDITION: no valid compaction makes room), refused (any other error)",
+                ADMISSIONS.map(|outcome| [("outcome", outcome)]),
+            ),
+            admitted_tokens: counter(
+                r,
+                "ctxbroker_admitted_tokens",
+                "Tokens of the spans admitted (replays excluded)",
+            ),
+            admitted_spans: counters(
+                r,
+                "ctxbroker_admitted_spans",
+                "Spans admitted, by class",
+                CLASSES.map(|class| [("class", class)]),
+            ),
+            compactions: counters(
+                r,
+                "ctxbroker_compactions",
+                "Compaction markers written, by trigger and outcome",
+                compaction_labels,
+            ),
+            evicted_spans: counter(
+                r,
+                "ctxbroker_compaction_evicted_spans",
+                "Spans moved to the archive by committed compactions",
+            ),
+            reclaimed_tokens: counter(
+                r,
+                "ctxbroker_compaction_reclaimed_tokens",
+                "Live tokens freed by committed compactions",
+            ),
+            anchors_dropped: counter(
+                r,
+                "ctxbroker_anchors_dropped",
+                "Anchors a committed summary could not carry forward (each one named in its marker)",
+            ),
+            escalations: counters(
+                r,
+                "ctxbroker_escalations",
+                "Compactions that could not be made valid: nothing committed, the caller got FAILED_PRECONDITION, watchers an ABORTED marker",
+                TRIGGERS.map(|(_, trigger)| [("trigger", trigger)]),
+            ),
+            verification_failures: counters(
+                r,
+                "ctxbroker_verification_failures",
+                "Violations found by pre-commit verification in escalated compactions, by reason",
+                VIOLATIONS.map(|(_, reason)| [("reason", reason)]),
+            ),
+            watcher_log_fallbacks: counter(
+                r,
+                "ctxbroker_watcher_log_fallbacks",
+                "Times a watch fell behind the live ring and went back to the durable log (it loses nothing)",
+            ),
+            flush: Histogram::new(FLUSH_BUCKETS),
+        };
+        r.register(
+            "ctxbroker_store_flush_duration_seconds",
+            "Each flush of the storage engine by the store's flusher; concurrent writes share one",
+            counters.flush.clone(),
+        );
+        counters
+    }
+
+    /// Counts how an admission ended, from what the service answers.
+    pub(super) fn admission(&self, result: &Result<pb::AdmitResponse, ApiError>) {
+        // An index into ADMISSIONS.
+        let outcome = match result {
+            Ok(reply) if reply.replayed => 1,
+            Ok(reply) => {
+                let mut tokens = 0u64;
+                for span in &reply.spans {
+                    tokens += u64::from(span.tokens);
+                    let class = usize::from(span.span_class() != pb::SpanClass::Constraint);
+                    inc(self.admitted_spans.get(class), 1);
+                }
+                self.admitted_tokens.inc_by(tokens);
+                0
+            }
+            Err(ApiError::Escalation(_)) => 2,
+            Err(_) => 3,
+        };
+        inc(self.admissions.get(outcome), 1);
+    }
+
+    /// Counts the markers of a flushed batch.
+    pub(super) fn markers(&self, markers: &[Marker]) {
+        for marker in markers {
+            let trigger = trigger_index(marker.trigger);
+            let outcome = outcome_index(marker.outcome);
+            inc(self.compactions.get(trigger * OUTCOMES.len() + outcome), 1);
+            match marker.outcome {
+                Outcome::Committed => {
+                    self.evicted_spans.inc_by(marker.evicted.len() as u64);
+                    self.reclaimed_tokens.inc_by(u64::from(
+                        marker.tokens_before.saturating_sub(marker.tokens_after),
+                    ));
+                    self.anchors_dropped
+                        .inc_by(u64::from(marker.anchors_dropped));
+                }
+                Outcome::Aborted => {
+                    inc(self.escalations.get(trigger), 1);
+                    for violation in &marker.violations {
+                        inc(
+                            self.verification_failures
+                                .get(violation_index(violation.kind)),
+                            1,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn inc(counter: Option<&Counter>, n: u64) {
+    if let Some(counter) = counter {
+        counter.inc_by(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_tables_follow_the_index_functions() {
+        for (i, (trigger, _)) in TRIGGERS.iter().enumerate() {
+            assert_eq!(trigger_index(*trigger), i);
+        }
+        for (i, (outcome, _)) in OUTCOMES.iter().enumerate() {
+            assert_eq!(outcome_index(*outcome), i);
+        }
+        for (i, (kind, name)) in VIOLATIONS.iter().enumerate() {
+            assert_eq!(violation_index(*kind), i);
+            // The wire name without its enum prefix.
+            let wire = crate::convert::violation_kind_name(*kind);
+            assert_eq!(wire.strip_prefix("VIOLATION_KIND_"), Some(*name));
+        }
+    }
+}
