@@ -269,7 +269,6 @@ impl Collector for Scraped {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
 
     use prometheus_client::encoding::prometheus_text;
     use prometheus_client::registry::Registry;
