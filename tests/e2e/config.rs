@@ -255,3 +255,93 @@ fn the_effective_settings_are_logged_at_start_in_one_line() {
         assert!(line.contains(part), "{part} not in {line}");
     }
 }
+
+/// The daemon's stderr lines from the start up to the `serving` line, in
+/// JSON; the daemon is then stopped.
+fn json_start_lines(command: &mut Command) -> Vec<String> {
+    let mut child = command
+        .args(["--listen", "127.0.0.1:0", "--log", "info"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let serving = line.contains("\"message\":\"serving\"");
+        lines.push(line);
+        if serving {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_from_flag_environment_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "json.toml", "log_format = \"json\"\n");
+    let data = |name: &str| dir.path().join(name);
+    let starts = [
+        (
+            "flag",
+            json_start_lines(
+                ctxbrokerd()
+                    .args(["--log-format", "json", "--data-dir"])
+                    .arg(data("a")),
+            ),
+        ),
+        (
+            "environment",
+            json_start_lines(
+                ctxbrokerd()
+                    .env("CTXBROKER_LOG_FORMAT", "json")
+                    .arg("--data-dir")
+                    .arg(data("b")),
+            ),
+        ),
+        (
+            "file",
+            json_start_lines(
+                ctxbrokerd()
+                    .arg("--config")
+                    .arg(&file)
+                    .arg("--data-dir")
+                    .arg(data("c")),
+            ),
+        ),
+    ];
+    for (source, lines) in starts {
+        assert!(
+            lines
+                .last()
+                .is_some_and(|l| l.contains("\"message\":\"serving\"")),
+            "{source}: no serving line in {lines:#?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("effective configuration")),
+            "{source}: {lines:#?}"
+        );
+        for line in &lines {
+            assert!(
+                line.starts_with('{')
+                    && line.ends_with('}')
+                    && line.contains("\"level\":\"")
+                    && line.contains("\"timestamp\":"),
+                "{source}: not a JSON log object: {line}"
+            );
+        }
+    }
+}

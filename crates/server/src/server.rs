@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 
 use crate::BuildInfo;
 use crate::broker::Broker;
-use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, LogLine, Settings};
+use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, Settings};
 use crate::hub::Hub;
 use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
@@ -120,7 +120,7 @@ fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
                 "# {}: valid. The settings in force with it:",
                 file.display()
             );
-            print!("{}", crate::config::to_toml(&settings.entries()));
+            print!("{}", settings.to_toml());
             ExitCode::SUCCESS
         }
         Err(ConfigError::Keys { path, problems }) => {
@@ -202,7 +202,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     info!(
-        settings = %LogLine(&settings.entries()),
+        settings = %settings.log_line(),
         "effective configuration"
     );
     let metrics = Arc::new(Metrics::new(build, settings.metrics_top_sessions));

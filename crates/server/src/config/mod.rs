@@ -1,0 +1,314 @@
+//! The daemon's settings: flags, their `CTXBROKER_*` environment twins, an
+//! optional TOML file under them, and defaults that make the bare binary
+//! useful (`127.0.0.1:50051`, data in `./ctxbroker-data`).
+//!
+//! Precedence, highest first: flag, environment variable, file, default.
+//! [`Settings`] declares every setting once, keyed as in the file; its
+//! serde form is the file's format, the layer the flags merge over (see
+//! [`load`]) and what `check-config` prints and the start-up log records.
+
+mod flags;
+mod load;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use figment::value::{Dict, Value};
+use serde::{Deserialize, Serialize};
+
+pub use flags::{Cli, Command};
+pub use load::{ConfigError, KeyProblem, file_keys};
+
+/// How the daemon gets its listening socket: the file keys `listen` and
+/// `listen_fd`, the second winning when both are set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ListenKeys", into = "ListenKeys")]
+pub enum Listen {
+    /// Bind this address.
+    Addr(SocketAddr),
+    /// Serve on an already bound, listening TCP socket inherited as this
+    /// file descriptor (socket activation; tests bind first and pass it).
+    Fd(i32),
+}
+
+/// [`Listen`] as the file spells it.
+#[derive(Serialize, Deserialize)]
+#[serde(default)]
+struct ListenKeys {
+    listen: Option<SocketAddr>,
+    listen_fd: Option<i32>,
+}
+
+impl Default for ListenKeys {
+    fn default() -> Self {
+        ListenKeys {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+            listen_fd: None,
+        }
+    }
+}
+
+impl From<ListenKeys> for Listen {
+    fn from(keys: ListenKeys) -> Self {
+        match (keys.listen_fd, keys.listen) {
+            (Some(fd), _) => Listen::Fd(fd),
+            (None, Some(addr)) => Listen::Addr(addr),
+            (None, None) => Listen::default(),
+        }
+    }
+}
+
+impl From<Listen> for ListenKeys {
+    fn from(listen: Listen) -> Self {
+        match listen {
+            Listen::Addr(addr) => ListenKeys {
+                listen: Some(addr),
+                listen_fd: None,
+            },
+            Listen::Fd(fd) => ListenKeys {
+                listen: None,
+                listen_fd: Some(fd),
+            },
+        }
+    }
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        ListenKeys::default().into()
+    }
+}
+
+/// Whether an acknowledgement waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Every acknowledged write has been flushed (concurrent writes share
+    /// flushes). The default.
+    Flush,
+    /// Acknowledge before the flush; the store flushes in the background.
+    /// Writes of the last few hundred milliseconds may be lost on a crash.
+    Relaxed,
+}
+
+/// The log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The limits the daemon enforces on requests and capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// Largest request message, in bytes.
+    pub max_request_bytes: usize,
+    /// Most spans in one turn.
+    pub max_spans_per_turn: usize,
+    /// Largest span text, in bytes.
+    pub max_span_bytes: usize,
+    /// Most sessions held.
+    pub max_sessions: u64,
+    /// Longest session id, in bytes (fixed by the contract's key format).
+    #[serde(skip)]
+    pub max_session_id_bytes: usize,
+    /// Largest window a session may declare.
+    pub max_window_tokens: u32,
+    /// Most concurrent streams (watches and admit streams), server-wide.
+    pub max_concurrent_streams: usize,
+    /// Most session ids in one watch filter (fixed).
+    #[serde(skip)]
+    pub max_watch_sessions: usize,
+    /// Markers retained in the log.
+    pub marker_retention: u64,
+    /// Bytes of idle sessions kept in memory between requests (an
+    /// estimate of their spans' heap); beyond it the least recently used
+    /// are dropped from memory and reloaded from the store when next used.
+    pub session_cache_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request_bytes: 16 << 20,
+            max_spans_per_turn: 256,
+            max_span_bytes: 4 << 20,
+            max_sessions: 100_000,
+            max_session_id_bytes: 128,
+            max_window_tokens: 10_000_000,
+            max_concurrent_streams: 10_000,
+            max_watch_sessions: 1_000,
+            marker_retention: 1_000_000,
+            session_cache_bytes: crate::sessions::DEFAULT_SESSION_CACHE_BYTES,
+        }
+    }
+}
+
+/// The daemon's resolved settings, each field (or flattened field) a file
+/// key; what a file does not say is the default.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Where to serve gRPC (`listen`, `listen_fd`).
+    #[serde(flatten)]
+    pub listen: Listen,
+    /// The sled data directory.
+    pub data_dir: PathBuf,
+    /// Whether acknowledgements wait for a flush.
+    pub durability: Durability,
+    /// The log format.
+    pub log_format: LogFormat,
+    /// The log filter, in `tracing_subscriber::EnvFilter` syntax.
+    #[serde(rename = "log")]
+    pub log_filter: String,
+    /// How long shutdown waits for in-flight requests and streams.
+    #[serde(rename = "shutdown_grace_ms", with = "millis")]
+    pub shutdown_grace: Duration,
+    /// Per-request timeout for unary calls.
+    #[serde(rename = "request_timeout_ms", with = "millis")]
+    pub request_timeout: Duration,
+    /// Where to serve Prometheus metrics (`GET /metrics`); `None` serves
+    /// none.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Sessions named in the per-session live-token metrics (the ones with
+    /// the most live tokens); 0 names none.
+    pub metrics_top_sessions: usize,
+    /// The limits.
+    #[serde(flatten)]
+    pub limits: Limits,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: Listen::default(),
+            data_dir: PathBuf::from("./ctxbroker-data"),
+            durability: Durability::Flush,
+            log_format: LogFormat::Text,
+            log_filter: "info".to_owned(),
+            shutdown_grace: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            metrics_addr: None,
+            metrics_top_sessions: crate::metrics::DEFAULT_TOP_SESSIONS,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// A duration as a whole number of milliseconds.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+impl Settings {
+    /// Refuses values that would make the daemon unusable, naming the
+    /// setting, the limit and the value.
+    fn check(&self) -> Result<(), ConfigError> {
+        let fail = |key: &'static str, limit: &str, got: &dyn std::fmt::Display| {
+            let message = format!("{limit}; got {got}");
+            Err(ConfigError::Invalid { key, message })
+        };
+        let l = &self.limits;
+        if l.max_request_bytes < 1024 {
+            return fail(
+                "max_request_bytes",
+                "must be at least 1024",
+                &l.max_request_bytes,
+            );
+        }
+        if l.max_span_bytes == 0 || l.max_span_bytes > l.max_request_bytes {
+            let limit = "must be between 1 and max_request_bytes";
+            return fail("max_span_bytes", limit, &l.max_span_bytes);
+        }
+        for (key, value) in [
+            ("max_spans_per_turn", l.max_spans_per_turn as u64),
+            ("max_sessions", l.max_sessions),
+            ("max_window_tokens", u64::from(l.max_window_tokens)),
+            ("max_concurrent_streams", l.max_concurrent_streams as u64),
+            ("marker_retention", l.marker_retention),
+            (
+                "request_timeout_ms",
+                self.request_timeout.as_millis() as u64,
+            ),
+        ] {
+            if value == 0 {
+                return fail(key, "must be at least 1", &0);
+            }
+        }
+        let top = crate::metrics::MAX_TOP_SESSIONS;
+        if self.metrics_top_sessions > top {
+            let limit = format!("must be at most {top}");
+            return fail("metrics_top_sessions", &limit, &self.metrics_top_sessions);
+        }
+        if let Listen::Fd(fd) = self.listen
+            && fd < 0
+        {
+            return fail("listen_fd", "must be a non-negative file descriptor", &fd);
+        }
+        Ok(())
+    }
+
+    /// Every setting keyed as in the file, in key order; an unset one
+    /// (no metrics address, or the `listen`/`listen_fd` not in force) is
+    /// empty.
+    fn values(&self) -> Dict {
+        match Value::serialize(self) {
+            Ok(Value::Dict(_, values)) => values,
+            _ => Dict::new(),
+        }
+    }
+
+    /// The settings as one log line: `key=value` pairs, strings quoted,
+    /// unset values `unset`.
+    pub fn log_line(&self) -> String {
+        let shown = |value: &Value| match value {
+            Value::String(_, text) => format!("{text:?}"),
+            Value::Empty(..) => "unset".to_owned(),
+            other => toml_value(other),
+        };
+        let pairs: Vec<String> = self
+            .values()
+            .iter()
+            .map(|(key, value)| format!("{key}={}", shown(value)))
+            .collect();
+        pairs.join(" ")
+    }
+
+    /// The settings as a TOML file the daemon reads back to the same
+    /// settings; unset ones are comments.
+    pub fn to_toml(&self) -> String {
+        let mut out = String::new();
+        for (key, value) in self.values() {
+            let line = match value {
+                Value::Empty(..) => format!("# {key} is not set\n"),
+                value => format!("{key} = {}\n", toml_value(&value)),
+            };
+            out.push_str(&line);
+        }
+        out
+    }
+}
+
+/// A value as TOML writes it.
+fn toml_value(value: &Value) -> String {
+    toml::Value::try_from(value).map_or_else(|err| format!("{err}"), |value| value.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,267 @@
+use std::collections::BTreeSet;
+
+use clap::Parser;
+
+use super::*;
+
+fn cli(args: &[&str]) -> Cli {
+    let mut all = vec!["ctxbrokerd"];
+    all.extend_from_slice(args);
+    Cli::try_parse_from(all).unwrap()
+}
+
+#[test]
+fn bare_binary_serves_on_the_documented_defaults() {
+    let settings = cli(&[]).resolve().unwrap();
+    assert_eq!(
+        settings.listen,
+        Listen::Addr("127.0.0.1:50051".parse().unwrap())
+    );
+    assert_eq!(settings.data_dir, PathBuf::from("./ctxbroker-data"));
+    assert_eq!(settings.durability, Durability::Flush);
+}
+
+#[test]
+fn flags_override_the_file_and_the_file_overrides_defaults() {
+    let (_dir, path) =
+        file("data_dir = \"/srv/ctx\"\nmax_sessions = 7\nlisten = \"127.0.0.1:6000\"\n");
+    let settings = cli(&["--config", path.to_str().unwrap(), "--max-sessions", "9"])
+        .resolve()
+        .unwrap();
+    assert_eq!(settings.data_dir, PathBuf::from("/srv/ctx"));
+    assert_eq!(settings.limits.max_sessions, 9);
+    assert_eq!(
+        settings.listen,
+        Listen::Addr("127.0.0.1:6000".parse().unwrap())
+    );
+}
+
+#[test]
+fn an_unknown_file_key_is_named() {
+    let (_dir, path) = file("data_dri = \"/x\"\n");
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert!(err.to_string().contains("data_dri"), "{err}");
+}
+
+#[test]
+fn nonsense_limits_are_refused_by_name_and_limit() {
+    for (args, expected) in [
+        (
+            &["--max-spans-per-turn", "0"][..],
+            "invalid setting max_spans_per_turn: must be at least 1; got 0",
+        ),
+        (
+            &["--metrics-top-sessions", "101"],
+            "invalid setting metrics_top_sessions: must be at most 100; got 101",
+        ),
+        (
+            &["--max-request-bytes", "1000"],
+            "invalid setting max_request_bytes: must be at least 1024; got 1000",
+        ),
+        (
+            &["--max-span-bytes", "2000", "--max-request-bytes", "1024"],
+            "invalid setting max_span_bytes: must be between 1 and max_request_bytes; got 2000",
+        ),
+        (
+            &["--request-timeout-ms", "0"],
+            "invalid setting request_timeout_ms: must be at least 1; got 0",
+        ),
+    ] {
+        let err = cli(args).resolve().unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+    let (_dir, path) = file("listen_fd = -1\n");
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid setting listen_fd: must be a non-negative file descriptor; got -1"
+    );
+}
+
+fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ctxbroker.toml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// The rule that every flag has an environment twin named after it and a
+/// file key named after it, and every file key a flag, checked on the
+/// parser itself so that it cannot rot.
+#[test]
+fn every_flag_has_an_environment_twin_and_a_file_key() {
+    use clap::CommandFactory;
+    let keys: BTreeSet<String> = file_keys().into_iter().collect();
+    let mut flags = BTreeSet::new();
+    let command = Cli::command();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" {
+            continue;
+        }
+        let long = arg
+            .get_long()
+            .unwrap_or_else(|| panic!("argument {id} has no --flag"));
+        let key = long.replace('-', "_");
+        let env = arg
+            .get_env()
+            .and_then(|env| env.to_str())
+            .unwrap_or_else(|| panic!("--{long} has no environment twin"));
+        assert_eq!(env, format!("CTXBROKER_{}", key.to_uppercase()), "--{long}");
+        // The file cannot name another file.
+        if key != "config" {
+            flags.insert(key);
+        }
+    }
+    assert_eq!(keys, flags, "file keys and flags differ");
+}
+
+/// A sample that differs from the defaults in every setting.
+fn sample() -> Settings {
+    let defaults = Limits::default();
+    Settings {
+        listen: Listen::Addr("10.1.2.3:7000".parse().unwrap()),
+        data_dir: PathBuf::from("/srv/ctx \"quoted\" \\ dir"),
+        durability: Durability::Relaxed,
+        log_format: LogFormat::Json,
+        log_filter: "ctxbroker_server=debug,warn".into(),
+        shutdown_grace: Duration::from_millis(1234),
+        request_timeout: Duration::from_millis(4321),
+        metrics_addr: Some("127.0.0.1:9464".parse().unwrap()),
+        metrics_top_sessions: 3,
+        limits: Limits {
+            max_request_bytes: 2 << 20,
+            max_spans_per_turn: 17,
+            max_span_bytes: 1 << 20,
+            max_sessions: 99,
+            max_session_id_bytes: defaults.max_session_id_bytes,
+            max_window_tokens: 77_777,
+            max_concurrent_streams: 55,
+            max_watch_sessions: defaults.max_watch_sessions,
+            marker_retention: 4444,
+            session_cache_bytes: 5555,
+        },
+    }
+}
+
+#[test]
+fn every_setting_round_trips_through_the_file() {
+    let sample = sample();
+    let defaults = Settings::default().values();
+    for (key, value) in sample.values() {
+        if key != "listen_fd" {
+            assert_ne!(
+                Some(&value),
+                defaults.get(&key),
+                "the sample must change {key}"
+            );
+        }
+    }
+    let (_dir, path) = file(&sample.to_toml());
+    let read = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.log_line(), sample.log_line());
+
+    let (_dir, path) = file("listen_fd = 3\n");
+    let read = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.listen, Listen::Fd(3));
+    let (_dir, path) = file(&read.to_toml());
+    let again = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(again.listen, Listen::Fd(3));
+}
+
+#[test]
+fn every_bad_key_is_named_with_what_is_wrong() {
+    let (_dir, path) = file(
+        "data_dri = \"/x\"\nmax_sessions = \"many\"\nlisten = \"not an address\"\nmax_spans_per_turn = 8\nzzzz = 1\n",
+    );
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    let ConfigError::Keys { problems, .. } = &err else {
+        panic!("expected bad keys, got {err}");
+    };
+    let named: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        named,
+        ["data_dri", "listen", "max_sessions", "zzzz"],
+        "{err}"
+    );
+    assert!(
+        problems[0].message.contains("did you mean `data_dir`"),
+        "{err}"
+    );
+    assert!(problems[2].message.contains("invalid type"), "{err}");
+    assert!(problems[3].message.contains("the keys are"), "{err}");
+}
+
+#[test]
+fn a_file_that_is_not_toml_says_where() {
+    let (_dir, path) = file("max_sessions = = 3\n");
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+    assert!(err.to_string().contains("line 1"), "{err}");
+}
+
+#[test]
+fn the_old_log_filter_key_is_still_read() {
+    let (_dir, path) = file("log_filter = \"debug\"\n");
+    let read = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.log_filter, "debug");
+    // A flag beats it as it beats `log`.
+    let read = cli(&["--config", path.to_str().unwrap(), "--log", "warn"])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.log_filter, "warn");
+    // Both names in one file: the old one is named.
+    let (_dir, path) = file("log_filter = \"debug\"\nlog = \"info\"\n");
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert!(err.to_string().contains("key `log_filter`"), "{err}");
+}
+
+#[test]
+fn the_log_line_quotes_strings_and_names_unset_settings() {
+    let line = Settings::default().log_line();
+    for part in [
+        "listen=\"127.0.0.1:50051\"",
+        "listen_fd=unset",
+        "metrics_addr=unset",
+        "max_sessions=100000",
+        "request_timeout_ms=30000",
+        "log=\"info\"",
+        "durability=\"flush\"",
+    ] {
+        assert!(line.split(' ').any(|p| p == part), "{part} not in {line}");
+    }
+    let toml = Settings::default().to_toml();
+    assert!(toml.contains("# metrics_addr is not set\n"), "{toml}");
+    toml::from_str::<toml::Table>(&toml).unwrap();
+}
+
+#[test]
+fn check_config_is_a_command_beside_the_flags() {
+    let parsed = cli(&["--max-sessions", "4", "check-config", "x.toml"]);
+    assert_eq!(
+        parsed.command,
+        Some(Command::CheckConfig {
+            file: PathBuf::from("x.toml")
+        })
+    );
+    assert_eq!(parsed.max_sessions, Some(4));
+    assert_eq!(cli(&[]).command, None);
+}
