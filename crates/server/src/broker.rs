@@ -11,23 +11,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ctxbroker_core::config::{SessionConfig, TokenizerKind, TriggerPolicy};
+use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
 use ctxbroker_core::span::{
-    ClassSource, Classification, Predicate, PredicateSource, Role, SpanClass,
+    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
 };
-use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
-use ctxbroker_proto::v1 as pb;
+use ctxbroker_core::{Span, SpanId, classify, predicate, tokens, trigger};
 use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::field::Empty;
+use tracing::{Span as TraceSpan, debug, info, info_span, instrument, warn};
 
 use crate::config::Limits;
-use crate::convert;
 use crate::error::{ApiError, BadField, Escalation, Refused};
 use crate::sessions::{Loaded, Sessions};
 use crate::validate;
@@ -57,6 +56,35 @@ pub struct Broker {
     /// the only ones the guard's tick looks at. Seeded from the store when
     /// the background work starts, so a restart loses none.
     guarded: Mutex<BTreeSet<String>>,
+}
+
+/// One span of a turn as the caller gave it: checked and converted from
+/// the wire, not yet counted or classified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnSpan {
+    /// Who produced it.
+    pub role: Role,
+    /// The content.
+    pub text: String,
+    /// The caller's count, accepted under the CLIENT tokenizer only.
+    pub token_count: Option<u32>,
+    /// The caller's class; `None` leaves it to the broker.
+    pub class: Option<SpanClass>,
+    /// The caller's predicate, for a constraint.
+    pub predicate: Option<CallerPredicate>,
+    /// The caller's relevance hint.
+    pub relevance_hint: Option<f64>,
+    /// The caller's idempotency key; empty when none.
+    pub idempotency_key: String,
+}
+
+/// A predicate as the caller gave it: parts left unset are derived.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallerPredicate {
+    /// The modality; `None` when unspecified.
+    pub modality: Option<Modality>,
+    /// Terms every form of the constraint must keep.
+    pub required_terms: Vec<String>,
 }
 
 /// The result of an admission, for the wire.
@@ -188,6 +216,7 @@ impl Broker {
 
     /// [`Broker::persist`] for an admission whose spans carry the caller's
     /// idempotency keys, stored in the same write.
+    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
     async fn persist_keyed(
         &self,
         loaded: &mut Loaded,
@@ -347,15 +376,16 @@ impl Broker {
         Ok(self.store.sessions(after, limit)?)
     }
 
-    /// Applies a configuration patch.
+    /// Changes a session's configuration to what `update` makes of the
+    /// current one, within the session's turn.
     pub async fn update_session(
         &self,
         id: &str,
-        patch: &pb::SessionConfig,
+        update: impl FnOnce(&SessionConfig) -> Result<SessionConfig, ApiError>,
     ) -> Result<SessionRecord, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let current = &loaded.session.record;
-        let config = validate::update_config(&current.config, patch, &self.limits)?;
+        let config = update(&current.config)?;
         let budget = u64::from(config.budget_tokens());
         if current.live_tokens > budget {
             return Err(ApiError::ConfigBelowLive {
@@ -472,7 +502,7 @@ impl Broker {
     /// taken; classifying unlabelled user and system spans (under the
     /// session's mode), the decision, the write and the memory update
     /// happen within it.
-    pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
+    pub async fn admit(&self, id: &str, inputs: Vec<TurnSpan>) -> Result<Admitted, ApiError> {
         let tokenizer = self.sessions.tokenizer(&self.store, id)?;
         let keys: Vec<String> = inputs
             .iter()
@@ -508,7 +538,9 @@ impl Broker {
             return Ok(replay);
         }
         let counter = tokens::counter(actual);
-        let outcome = loaded.session.admit(incoming, now_ms(), counter);
+        let turn = loaded.session.record.turns + 1;
+        let outcome = info_span!("plan", session_id = id, turn)
+            .in_scope(|| loaded.session.admit(incoming, now_ms(), counter));
         let (change, seq) = self.carry_out_keyed(&mut loaded, outcome, &keys).await?;
         let marker = change.marker.map(|mut marker| {
             marker.seq = seq.unwrap_or(0);
@@ -601,6 +633,7 @@ impl Broker {
     }
 
     /// A dry run of a compaction, bound to the session's revision.
+    #[instrument(name = "plan", skip_all, fields(session_id = id, turn = Empty))]
     pub async fn plan(
         &self,
         id: &str,
@@ -608,6 +641,7 @@ impl Broker {
         target_tokens: Option<u64>,
     ) -> Result<(SessionRecord, PlanOutcome), ApiError> {
         let loaded = self.sessions.lock(&self.store, id).await?;
+        TraceSpan::current().record("turn", loaded.session.record.turns);
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
         let outcome = loaded
             .session
@@ -624,7 +658,9 @@ impl Broker {
     ) -> Result<Committed, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
-        let outcome = loaded.session.commit(plan_id, &edits, now_ms(), counter);
+        let turn = loaded.session.record.turns;
+        let outcome = info_span!("verify", session_id = id, turn)
+            .in_scope(|| loaded.session.commit(plan_id, &edits, now_ms(), counter));
         if outcome.is_ok() && ctxbroker_store::fault("broker::between_plan_and_commit") {
             return Err(ApiError::Internal(
                 "injected fault between plan and commit".into(),
@@ -639,12 +675,8 @@ impl Broker {
         &self,
         id: &str,
         span_id: SpanId,
-        predicate: pb::Predicate,
+        predicate: CallerPredicate,
     ) -> Result<Committed, ApiError> {
-        // The service has checked the modality is a known value.
-        let modality = pb::Modality::try_from(predicate.modality)
-            .ok()
-            .and_then(convert::modality_from_pb);
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         // The terms are checked against the text the span was admitted in
         // (a span not live is refused by the session below).
@@ -654,12 +686,15 @@ impl Broker {
                 .as_ref()
                 .map_or(span.text.as_str(), |o| o.text.as_str());
             let mut bad = Vec::new();
-            validate::predicate_shape("predicate", &predicate, text, &mut bad);
+            validate::required_terms("predicate", &predicate.required_terms, text, &mut bad);
             validate::finish(bad)?;
         }
-        let outcome = loaded
-            .session
-            .pin(span_id, modality, predicate.required_terms, now_ms());
+        let outcome = loaded.session.pin(
+            span_id,
+            predicate.modality,
+            predicate.required_terms,
+            now_ms(),
+        );
         let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
         info!(session_id = id, span_id, "span pinned");
         Ok(self.committed(&loaded, change, seq, "span pinned"))
@@ -711,7 +746,7 @@ impl Broker {
             .guarded
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if has_staleness_guard(&record.config) {
+        if trigger::has_staleness_guard(&record.config) {
             if !guarded.contains(&record.id) {
                 guarded.insert(record.id.clone());
             }
@@ -743,25 +778,19 @@ impl Broker {
         }
     }
 
-    /// Queues the session's background pre-compaction when it stands
-    /// above its soft watermark with something admitted since its last
-    /// compaction.
+    /// Queues the session's background pre-compaction when core says it
+    /// has work ([`trigger::soft_due`]), once.
     fn queue_soft_if_above(&self, record: &SessionRecord) {
-        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
-            && record.turns > record.last_compaction_turn
-        {
-            self.queue_soft(&record.id);
+        if !trigger::soft_due(record) {
+            return;
         }
-    }
-
-    fn queue_soft(&self, id: &str) {
         let fresh = self
             .soft_pending
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id.to_owned());
+            .insert(record.id.clone());
         if fresh {
-            let _ = self.soft_queue.send(id.to_owned());
+            let _ = self.soft_queue.send(record.id.clone());
         }
     }
 
@@ -806,7 +835,10 @@ impl Broker {
             return;
         };
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
-        let Some(change) = loaded.session.soft_compaction(now_ms(), counter) else {
+        let turn = loaded.session.record.turns;
+        let planned = info_span!("plan", session_id = id, turn)
+            .in_scope(|| loaded.session.soft_compaction(now_ms(), counter));
+        let Some(change) = planned else {
             return;
         };
         self.background_commit(&mut loaded, change, "soft-watermark pre-compaction")
@@ -836,7 +868,7 @@ impl Broker {
                     continue;
                 }
             };
-            if !has_staleness_guard(&loaded.session.record.config) {
+            if !trigger::has_staleness_guard(&loaded.session.record.config) {
                 self.forget_guarded(&id);
                 continue;
             }
@@ -844,7 +876,10 @@ impl Broker {
                 continue;
             }
             let counter = tokens::counter(loaded.session.record.config.tokenizer);
-            if let Some(change) = loaded.session.staleness_compaction(now, counter) {
+            let turn = loaded.session.record.turns;
+            let planned = info_span!("plan", session_id = %id, turn)
+                .in_scope(|| loaded.session.staleness_compaction(now, counter));
+            if let Some(change) = planned {
                 self.background_commit(&mut loaded, change, "staleness compaction")
                     .await;
             }
@@ -873,40 +908,13 @@ impl Broker {
     }
 }
 
-/// Whether a configuration has a staleness guard.
-fn has_staleness_guard(config: &SessionConfig) -> bool {
-    matches!(
-        config.trigger,
-        TriggerPolicy::Hybrid | TriggerPolicy::TimeBased
-    ) && config.staleness_interval_ms > 0
-}
-
 /// Counts and classifies a turn's spans. Runs before the session's turn is
 /// taken; large texts are counted on the blocking pool.
 async fn prepare(
-    inputs: Vec<pb::SpanInput>,
+    inputs: Vec<TurnSpan>,
     tokenizer: TokenizerKind,
 ) -> Result<Vec<Incoming>, ApiError> {
-    let mut bad = Vec::new();
-    for (i, input) in inputs.iter().enumerate() {
-        match (tokenizer, input.token_count) {
-            (TokenizerKind::Client, None) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "is required: the session's tokenizer is CLIENT",
-            )),
-            (TokenizerKind::Client, Some(0)) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "must be greater than 0",
-            )),
-            (TokenizerKind::Client, Some(_)) | (_, None) => {}
-            (_, Some(_)) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "is only accepted when the session's tokenizer is CLIENT; the broker counts this session's tokens itself",
-            )),
-        }
-    }
-    validate::finish(bad)?;
-
+    validate::token_counts(&inputs, tokenizer)?;
     let large = inputs.iter().map(|s| s.text.len()).sum::<usize>() >= BLOCKING_COUNT_BYTES;
     if large {
         tokio::task::spawn_blocking(move || prepare_now(inputs, tokenizer))
@@ -917,45 +925,33 @@ async fn prepare(
     }
 }
 
-fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Incoming> {
+fn prepare_now(inputs: Vec<TurnSpan>, tokenizer: TokenizerKind) -> Vec<Incoming> {
     let counter = tokens::counter(tokenizer);
     inputs
         .into_iter()
         .map(|input| {
-            // Validated beforehand: role is known and specified.
-            let role = convert::role_from_pb(input.role()).unwrap_or(Role::User);
+            let role = input.role;
             let tokens = match (tokenizer, input.token_count) {
                 (TokenizerKind::Client, Some(n)) => n,
                 _ => counter.count(&input.text),
             };
-            let unclassified = input.span_class() == pb::SpanClass::Unspecified;
             // An unlabelled user or system span is classified once, at
             // admission, under the session's mode and tuning; tool and
             // assistant output is narrative by role.
-            let classification = match input.span_class() {
-                pb::SpanClass::Constraint => Classification {
-                    class: SpanClass::Constraint,
-                    source: ClassSource::Caller,
-                    rule: String::new(),
-                },
-                pb::SpanClass::Protected => Classification {
-                    class: SpanClass::Protected,
-                    source: ClassSource::Caller,
-                    rule: String::new(),
-                },
-                pb::SpanClass::Narrative | pb::SpanClass::Summary => Classification {
+            let caller = |class| Classification {
+                class,
+                source: ClassSource::Caller,
+                rule: String::new(),
+            };
+            let classification = match (input.class, role) {
+                (Some(SpanClass::Summary), _) => caller(SpanClass::Narrative),
+                (Some(class), _) => caller(class),
+                (None, Role::User | Role::System) => Classification {
                     class: SpanClass::Narrative,
-                    source: ClassSource::Caller,
+                    source: ClassSource::Rules,
                     rule: String::new(),
                 },
-                pb::SpanClass::Unspecified => match role {
-                    Role::User | Role::System => Classification {
-                        class: SpanClass::Narrative,
-                        source: ClassSource::Rules,
-                        rule: String::new(),
-                    },
-                    Role::Tool | Role::Assistant => classify::classify(role, &input.text),
-                },
+                (None, Role::Tool | Role::Assistant) => classify::classify(role, &input.text),
             };
             let predicate = (classification.class == SpanClass::Constraint)
                 .then(|| constraint_predicate(&input.text, input.predicate.as_ref()));
@@ -966,15 +962,15 @@ fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Inco
                 classification,
                 predicate,
                 relevance_hint: input.relevance_hint,
-                unclassified,
+                unclassified: input.class.is_none(),
             }
         })
         .collect()
 }
 
 /// The caller's predicate where given, its unset parts derived.
-fn constraint_predicate(text: &str, given: Option<&pb::Predicate>) -> Predicate {
-    let modality = given.and_then(|p| convert::modality_from_pb(p.modality()));
+fn constraint_predicate(text: &str, given: Option<&CallerPredicate>) -> Predicate {
+    let modality = given.and_then(|p| p.modality);
     let derived = predicate::derive(text, modality);
     match given {
         Some(p) if !p.required_terms.is_empty() => Predicate {

@@ -14,6 +14,8 @@ use ctxbroker_core::span::{
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{SessionRecord, SpanState};
 
+use crate::broker::{CallerPredicate, TurnSpan};
+
 /// Milliseconds since the Unix epoch as a protobuf timestamp.
 pub fn timestamp(ms: u64) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -106,6 +108,31 @@ pub fn modality_from_pb(modality: pb::Modality) -> Option<Modality> {
         pb::Modality::Restriction => Some(Modality::Restriction),
         pb::Modality::Correction => Some(Modality::Correction),
     }
+}
+
+/// The caller's predicate of a wire one whose modality is known.
+pub fn predicate_from_pb(p: pb::Predicate) -> CallerPredicate {
+    CallerPredicate {
+        modality: modality_from_pb(p.modality()),
+        required_terms: p.required_terms,
+    }
+}
+
+/// The domain form of a turn whose shape is checked (roles known and
+/// specified).
+pub fn turn_from_pb(spans: Vec<pb::SpanInput>) -> Vec<TurnSpan> {
+    spans
+        .into_iter()
+        .map(|s| TurnSpan {
+            role: role_from_pb(s.role()).unwrap_or(Role::User),
+            class: class_from_pb(s.span_class()),
+            token_count: s.token_count,
+            predicate: s.predicate.map(predicate_from_pb),
+            relevance_hint: s.relevance_hint,
+            idempotency_key: s.idempotency_key,
+            text: s.text,
+        })
+        .collect()
 }
 
 /// The wire form of a predicate.

@@ -13,7 +13,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
 use tonic::{Request, Response, Status, Streaming};
-use tracing::debug;
+use tracing::field::Empty;
+use tracing::{Instrument, Span, debug, instrument};
 
 use crate::BuildInfo;
 use crate::broker::{Admitted, SharedBroker, now_ms};
@@ -96,6 +97,7 @@ impl BrokerService {
         validate::session_id(field, id, self.broker.limits()).map_err(validate::single)
     }
 
+    #[instrument(name = "admit", skip_all, fields(session_id = %req.session_id, turn = Empty))]
     async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
         let result = self.admit_checked(req).await;
         if let Some(metrics) = &self.metrics {
@@ -111,9 +113,16 @@ impl BrokerService {
         }
         validate::turn_shape(&req.spans, self.broker.limits(), &mut bad);
         validate::finish(bad)?;
-        let admitted = self.broker.admit(&req.session_id, req.spans).await?;
+        let turn = convert::turn_from_pb(req.spans);
+        let admitted = self.broker.admit(&req.session_id, turn).await?;
+        Span::current().record("turn", admitted.turn);
         Ok(admit_response(admitted))
     }
+}
+
+/// Records the turn a session stands at on the handler's span.
+fn record_turn(turn: u64) {
+    Span::current().record("turn", turn);
 }
 
 fn admit_response(admitted: Admitted) -> pb::AdmitResponse {
@@ -258,6 +267,7 @@ impl tokio_stream::Stream for WatchStream {
 
 #[tonic::async_trait]
 impl ContextBroker for BrokerService {
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn create_session(
         &self,
         request: Request<pb::CreateSessionRequest>,
@@ -282,11 +292,13 @@ impl ContextBroker for BrokerService {
             );
         };
         let record = self.broker.create_session(&req.session_id, config).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn get_session(
         &self,
         request: Request<pb::GetSessionRequest>,
@@ -294,11 +306,13 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let record = self.broker.session(&req.session_id).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::GetSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all)]
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,
@@ -341,6 +355,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn update_session(
         &self,
         request: Request<pb::UpdateSessionRequest>,
@@ -354,12 +369,20 @@ impl ContextBroker for BrokerService {
             ))
             .into());
         };
-        let record = self.broker.update_session(&req.session_id, &patch).await?;
+        let limits = self.broker.limits();
+        let record = self
+            .broker
+            .update_session(&req.session_id, |current| {
+                validate::update_config(current, &patch, limits)
+            })
+            .await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::UpdateSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn delete_session(
         &self,
         request: Request<pb::DeleteSessionRequest>,
@@ -380,6 +403,7 @@ impl ContextBroker for BrokerService {
 
     type AdmitStreamStream = ReceiverStream<Result<pb::AdmitStreamResponse, Status>>;
 
+    #[instrument(skip_all)]
     async fn admit_stream(
         &self,
         request: Request<Streaming<pb::AdmitStreamRequest>>,
@@ -388,7 +412,7 @@ impl ContextBroker for BrokerService {
         let mut inbound = request.into_inner();
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let service = self.clone();
-        tokio::spawn(async move {
+        let task = async move {
             let _permit = permit;
             let shutdown = service.shutdown.clone();
             let mut bound: Option<String> = None;
@@ -491,10 +515,12 @@ impl ContextBroker for BrokerService {
                     }
                 }
             }
-        });
+        };
+        tokio::spawn(task.in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn get_context(
         &self,
         request: Request<pb::GetContextRequest>,
@@ -502,6 +528,7 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let (record, spans) = self.broker.context(&req.session_id).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::GetContextResponse {
             spans: spans
                 .iter()
@@ -513,6 +540,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, span_id = request.get_ref().span_id))]
     async fn get_span(
         &self,
         request: Request<pb::GetSpanRequest>,
@@ -525,6 +553,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn search_spans(
         &self,
         request: Request<pb::SearchSpansRequest>,
@@ -536,6 +565,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(response))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn list_spans(
         &self,
         request: Request<pb::ListSpansRequest>,
@@ -547,6 +577,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(response))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn plan_compaction(
         &self,
         request: Request<pb::PlanCompactionRequest>,
@@ -561,12 +592,14 @@ impl ContextBroker for BrokerService {
                 req.target_tokens.map(u64::from),
             )
             .await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::PlanCompactionResponse {
             plan: Some(convert::plan_to_pb(&outcome, record.revision)),
             verification: Some(convert::verdict_to_pb(&outcome.verdict)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn commit_compaction(
         &self,
         request: Request<pb::CommitCompactionRequest>,
@@ -627,6 +660,7 @@ impl ContextBroker for BrokerService {
             actor: req.actor,
         };
         let committed = self.broker.commit(&req.session_id, plan_id, edits).await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::CommitCompactionResponse {
             marker: committed.marker.as_ref().map(marker_to_pb),
             totals: Some(totals_to_pb(&committed.record)),
@@ -634,6 +668,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn pin(
         &self,
         request: Request<pb::PinRequest>,
@@ -648,10 +683,12 @@ impl ContextBroker for BrokerService {
             ))
             .into());
         }
+        let predicate = convert::predicate_from_pb(predicate);
         let committed = self
             .broker
             .pin(&req.session_id, req.span_id, predicate)
             .await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::PinResponse {
             span: committed
                 .replaced
@@ -660,6 +697,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn unpin(
         &self,
         request: Request<pb::UnpinRequest>,
@@ -676,6 +714,7 @@ impl ContextBroker for BrokerService {
             .broker
             .unpin(&req.session_id, req.span_id, &req.actor, &req.reason)
             .await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::UnpinResponse {
             span: committed
                 .replaced
@@ -687,6 +726,7 @@ impl ContextBroker for BrokerService {
 
     type WatchCompactionsStream = WatchStream;
 
+    #[instrument(skip_all)]
     async fn watch_compactions(
         &self,
         request: Request<pb::WatchCompactionsRequest>,
@@ -739,6 +779,7 @@ impl ContextBroker for BrokerService {
         )))
     }
 
+    #[instrument(skip_all)]
     async fn select_trigger(
         &self,
         request: Request<pb::SelectTriggerRequest>,
@@ -770,6 +811,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all)]
     async fn get_server_info(
         &self,
         _request: Request<pb::GetServerInfoRequest>,
@@ -807,6 +849,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn export_session(
         &self,
         request: Request<pb::ExportSessionRequest>,
@@ -815,6 +858,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(reply))
     }
 
+    #[instrument(skip_all)]
     async fn import_session(
         &self,
         request: Request<pb::ImportSessionRequest>,

@@ -8,6 +8,7 @@ use ctxbroker_core::config::{
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 
+use crate::broker::TurnSpan;
 use crate::config::Limits;
 use crate::convert::workload_from_pb;
 use crate::error::{ApiError, BadField};
@@ -194,7 +195,15 @@ fn merge(
             protected_fraction: t.protected_fraction,
         };
     }
+    config(&mut c, limits, &mut bad);
+    finish(bad)?;
+    Ok(c)
+}
 
+/// Checks an effective configuration against the server's limits and the
+/// policy's rules, adding to `bad` (checks that need the others to pass
+/// run only when `bad` is empty so far).
+pub fn config(c: &mut SessionConfig, limits: &Limits, bad: &mut Vec<BadField>) {
     if c.window_tokens > limits.max_window_tokens {
         bad.push(BadField::new(
             "config.window_tokens",
@@ -222,10 +231,8 @@ fn merge(
         ));
     }
     if bad.is_empty() && c.trigger == TriggerPolicy::TimeBased {
-        time_based(&mut c, &mut bad);
+        time_based(c, bad);
     }
-    finish(bad)?;
-    Ok(c)
 }
 
 /// A cadence is accepted only for a declared workload under which it is
@@ -422,26 +429,28 @@ fn idempotency_key(i: usize, spans: &[pb::SpanInput], bad: &mut Vec<BadField>) {
 /// the original does not satisfy could never be satisfied by a shorter
 /// form).
 pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec<BadField>) {
-    const MAX_TERMS: usize = 64;
-    const MAX_TERM_BYTES: usize = 256;
     if pb::Modality::try_from(p.modality).is_err() {
         bad.push(BadField::new(
             format!("{field}.modality"),
             format!("unknown enum value {}", p.modality),
         ));
     }
-    if p.required_terms.len() > MAX_TERMS {
+    required_terms(field, &p.required_terms, text, bad);
+}
+
+/// Checks a predicate's terms (see [`predicate_shape`]).
+pub fn required_terms(field: &str, terms: &[String], text: &str, bad: &mut Vec<BadField>) {
+    const MAX_TERMS: usize = 64;
+    const MAX_TERM_BYTES: usize = 256;
+    if terms.len() > MAX_TERMS {
         bad.push(BadField::new(
             format!("{field}.required_terms"),
-            format!(
-                "must hold at most {MAX_TERMS} terms; got {}",
-                p.required_terms.len()
-            ),
+            format!("must hold at most {MAX_TERMS} terms; got {}", terms.len()),
         ));
         return;
     }
     let lowered = text.to_lowercase();
-    for (j, term) in p.required_terms.iter().enumerate() {
+    for (j, term) in terms.iter().enumerate() {
         let name = format!("{field}.required_terms[{j}]");
         if term.trim().is_empty() {
             bad.push(BadField::new(name, "must not be empty"));
@@ -457,6 +466,30 @@ pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec
             ));
         }
     }
+}
+
+/// Checks a turn's token counts against its session's tokenizer: given,
+/// and positive, under CLIENT only.
+pub fn token_counts(spans: &[TurnSpan], tokenizer: TokenizerKind) -> Result<(), ApiError> {
+    let mut bad = Vec::new();
+    for (i, span) in spans.iter().enumerate() {
+        let field = format!("spans[{i}].token_count");
+        match (tokenizer, span.token_count) {
+            (TokenizerKind::Client, None) => bad.push(BadField::new(
+                field,
+                "is required: the session's tokenizer is CLIENT",
+            )),
+            (TokenizerKind::Client, Some(0)) => {
+                bad.push(BadField::new(field, "must be greater than 0"));
+            }
+            (TokenizerKind::Client, Some(_)) | (_, None) => {}
+            (_, Some(_)) => bad.push(BadField::new(
+                field,
+                "is only accepted when the session's tokenizer is CLIENT; the broker counts this session's tokens itself",
+            )),
+        }
+    }
+    finish(bad)
 }
 
 #[cfg(test)]
