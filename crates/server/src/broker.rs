@@ -28,7 +28,7 @@ use tracing::{Span as TraceSpan, debug, info, info_span, instrument, warn};
 
 use crate::config::Limits;
 use crate::error::{ApiError, BadField, Escalation, Refused};
-use crate::sessions::{Loaded, Sessions};
+use crate::sessions::{Loaded, Sessions, lock};
 use crate::validate;
 
 /// Texts at least this long are counted on the blocking pool, so that one
@@ -207,17 +207,12 @@ impl Broker {
         self.sessions.resident()
     }
 
-    /// Writes a change and, once the store acknowledges it, applies it to
-    /// the session in memory. Cancel-safe: if this future is dropped while
-    /// the writer holds the change, the next request reloads from disk.
-    async fn persist(&self, loaded: &mut Loaded, change: &Change) -> Result<Option<u64>, ApiError> {
-        self.persist_keyed(loaded, change, Vec::new()).await
-    }
-
-    /// [`Broker::persist`] for an admission whose spans carry the caller's
-    /// idempotency keys, stored in the same write.
+    /// Writes a change, with the idempotency keys of the spans it admits,
+    /// and, once the store acknowledges it, applies it to the session in
+    /// memory. Cancel-safe: if this future is dropped while the writer
+    /// holds the change, the next request reloads from disk.
     #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
-    async fn persist_keyed(
+    async fn persist(
         &self,
         loaded: &mut Loaded,
         change: &Change,
@@ -245,7 +240,7 @@ impl Broker {
                     Some(CompactionTrigger::Manual) => Refused::Commit,
                     _ => Refused::Turn,
                 };
-                match self.persist(loaded, &abort).await {
+                match self.persist(loaded, &abort, Vec::new()).await {
                     Ok(seq) => {
                         let marker_seq = seq.unwrap_or(0);
                         warn!(
@@ -305,18 +300,9 @@ impl Broker {
     }
 
     /// Persists an operation's outcome: the change, or the rejection's
-    /// error.
+    /// error. For an admission, `keys[i]`, when not empty, is the
+    /// idempotency key of the change's i-th appended span.
     async fn carry_out(
-        &self,
-        loaded: &mut Loaded,
-        outcome: Result<Change, Rejection>,
-    ) -> Result<(Change, Option<u64>), ApiError> {
-        self.carry_out_keyed(loaded, outcome, &[]).await
-    }
-
-    /// [`Broker::carry_out`] for an admission: `keys[i]`, when not empty,
-    /// is the idempotency key of the change's i-th appended span.
-    async fn carry_out_keyed(
         &self,
         loaded: &mut Loaded,
         outcome: Result<Change, Rejection>,
@@ -330,7 +316,7 @@ impl Broker {
                     .filter(|(key, _)| !key.is_empty())
                     .map(|(key, span)| (key.clone(), span.id))
                     .collect();
-                let seq = self.persist_keyed(loaded, &change, keyed).await?;
+                let seq = self.persist(loaded, &change, keyed).await?;
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -541,7 +527,7 @@ impl Broker {
         let turn = loaded.session.record.turns + 1;
         let outcome = info_span!("plan", session_id = id, turn)
             .in_scope(|| loaded.session.admit(incoming, now_ms(), counter));
-        let (change, seq) = self.carry_out_keyed(&mut loaded, outcome, &keys).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &keys).await?;
         let marker = change.marker.map(|mut marker| {
             marker.seq = seq.unwrap_or(0);
             info!(
@@ -666,7 +652,7 @@ impl Broker {
                 "injected fault between plan and commit".into(),
             ));
         }
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         Ok(self.committed(&loaded, change, seq, "compaction committed by the caller"))
     }
 
@@ -695,7 +681,7 @@ impl Broker {
             predicate.required_terms,
             now_ms(),
         );
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         info!(session_id = id, span_id, "span pinned");
         Ok(self.committed(&loaded, change, seq, "span pinned"))
     }
@@ -710,7 +696,7 @@ impl Broker {
     ) -> Result<Committed, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let outcome = loaded.session.unpin(span_id, actor, reason, now_ms());
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         Ok(self.committed(&loaded, change, seq, "constraint unpinned"))
     }
 
@@ -742,10 +728,7 @@ impl Broker {
     /// Keeps the set of sessions with a staleness guard in step with a
     /// session's configuration.
     fn guard_staleness(&self, record: &SessionRecord) {
-        let mut guarded = self
-            .guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guarded = lock(&self.guarded);
         if trigger::has_staleness_guard(&record.config) {
             if !guarded.contains(&record.id) {
                 guarded.insert(record.id.clone());
@@ -784,11 +767,7 @@ impl Broker {
         if !trigger::soft_due(record) {
             return;
         }
-        let fresh = self
-            .soft_pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(record.id.clone());
+        let fresh = lock(&self.soft_pending).insert(record.id.clone());
         if fresh {
             let _ = self.soft_queue.send(record.id.clone());
         }
@@ -800,11 +779,7 @@ impl Broker {
     /// and neither ever compacts a session that admitted nothing since its
     /// last compaction.
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
-        let rx = self
-            .soft_rx
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
+        let rx = lock(&self.soft_rx).take();
         let Some(mut rx) = rx else {
             return;
         };
@@ -817,9 +792,7 @@ impl Broker {
                 () = shutdown.cancelled() => return,
                 id = rx.recv() => {
                     let Some(id) = id else { return };
-                    self.soft_pending
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    lock(&self.soft_pending)
                         .remove(&id);
                     self.background_soft(&id).await;
                 }
@@ -847,13 +820,7 @@ impl Broker {
 
     async fn background_staleness(&self) {
         let now = now_ms();
-        let ids: Vec<String> = self
-            .guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let ids: Vec<String> = lock(&self.guarded).iter().cloned().collect();
         for id in ids {
             // Never queue behind a request: a busy session is not stale.
             let mut loaded = match self.sessions.try_lock(&self.store, &id) {
@@ -887,15 +854,12 @@ impl Broker {
     }
 
     fn forget_guarded(&self, id: &str) {
-        self.guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(id);
+        lock(&self.guarded).remove(id);
     }
 
     async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
         let id = loaded.session.record.id.clone();
-        match self.persist(loaded, &change).await {
+        match self.persist(loaded, &change, Vec::new()).await {
             Ok(seq) => info!(
                 session_id = %id,
                 seq = seq.unwrap_or(0),

@@ -33,8 +33,7 @@ const STREAM_BUFFER: usize = 64;
 /// feed (they are already in the replies).
 const OWN_MARKERS: usize = 1024;
 /// The default and largest ListSessions page.
-const DEFAULT_PAGE: usize = 100;
-const MAX_PAGE: usize = 1000;
+const PAGE: (usize, usize) = (100, 1000);
 
 /// The service, cheap to clone.
 #[derive(Debug, Clone)]
@@ -318,17 +317,9 @@ impl ContextBroker for BrokerService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
-        let page = match req.page_size as usize {
-            0 => DEFAULT_PAGE,
-            n if n > MAX_PAGE => {
-                return Err(validate::single(BadField::new(
-                    "page_size",
-                    format!("must be at most {MAX_PAGE}; got {n}"),
-                ))
-                .into());
-            }
-            n => n,
-        };
+        let mut bad = Vec::new();
+        let page = validate::bounded("page_size", req.page_size, PAGE, &mut bad);
+        validate::finish(bad)?;
         let after = if req.page_token.is_empty() {
             None
         } else {

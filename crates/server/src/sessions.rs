@@ -320,7 +320,8 @@ impl Drop for CreateGuard {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks a mutex, taking it over when a panic poisoned it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -520,12 +521,6 @@ impl Sessions {
             .values()
             .filter(|entry| entry.bytes > 0 || Arc::strong_count(&entry.slot) > 1)
             .count()
-    }
-
-    /// The estimated bytes of the sessions held in memory, as of the end of
-    /// their last turns.
-    pub fn resident_bytes(&self) -> u64 {
-        lock(&self.registry).bytes
     }
 }
 

@@ -277,6 +277,26 @@ fn time_based(c: &mut SessionConfig, bad: &mut Vec<BadField>) {
     }
 }
 
+/// A page size or length: 0 means the default; above the maximum is bad.
+pub fn bounded(
+    field: &str,
+    value: u32,
+    (default, max): (usize, usize),
+    bad: &mut Vec<BadField>,
+) -> usize {
+    match value as usize {
+        0 => default,
+        n if n > max => {
+            bad.push(BadField::new(
+                field,
+                format!("must be at most {max}; got {n}"),
+            ));
+            default
+        }
+        n => n,
+    }
+}
+
 /// The longest actor or reason accepted, in bytes.
 pub const MAX_LABEL_BYTES: usize = 1024;
 
