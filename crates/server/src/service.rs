@@ -276,21 +276,12 @@ impl ContextBroker for BrokerService {
         if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
             bad.push(b);
         }
-        let config = match validate::create_config(req.config.as_ref(), self.broker.limits()) {
-            Ok(config) => Some(config),
-            Err(ApiError::InvalidArgument(more)) => {
-                bad.extend(more);
-                None
-            }
-            Err(other) => return Err(other.into()),
-        };
+        let config = validate::create_config(req.config.as_ref(), self.broker.limits());
+        if let Err(ApiError::InvalidArgument(more)) = &config {
+            bad.extend(more.iter().cloned());
+        }
         validate::finish(bad)?;
-        let Some(config) = config else {
-            return Err(
-                ApiError::InvalidArgument(vec![BadField::new("config", "is invalid")]).into(),
-            );
-        };
-        let record = self.broker.create_session(&req.session_id, config).await?;
+        let record = self.broker.create_session(&req.session_id, config?).await?;
         record_turn(record.turns);
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(session_to_pb(&record)),
