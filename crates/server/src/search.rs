@@ -7,9 +7,9 @@
 
 use ctxbroker_core::search::{self, SpanFilter, Standing};
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_store::{SearchQuery, Store, StoredSpan};
+use ctxbroker_store::{SearchQuery, Store};
 
-use crate::convert::{class_from_pb, class_to_pb, role_from_pb, role_to_pb, state_to_pb};
+use crate::convert::{class_from_pb, role_from_pb, span_hit};
 use crate::error::{ApiError, BadField};
 use crate::validate;
 
@@ -253,23 +253,6 @@ async fn off_workers<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| ApiError::Internal(format!("the {what} task failed: {err}")))?
-}
-
-fn span_hit(stored: &StoredSpan, score: f64, snippet: String) -> pb::SpanHit {
-    let span = &stored.span;
-    let (state, archived_by_seq) = state_to_pb(stored.state);
-    pb::SpanHit {
-        span_id: span.id,
-        role: role_to_pb(span.role) as i32,
-        span_class: class_to_pb(span.class()) as i32,
-        turn: span.turn,
-        state: state as i32,
-        archived_by_seq,
-        generation: span.generation,
-        tokens: span.tokens,
-        score,
-        snippet,
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use ctxbroker_core::session::{CallerEdits, PlanId};
+use ctxbroker_core::session::PlanId;
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_proto::v1::context_broker_server::ContextBroker;
@@ -632,15 +632,7 @@ impl ContextBroker for BrokerService {
         let Some(plan_id) = plan_id else {
             return Err(validate::single(BadField::new("plan_id", "is malformed")).into());
         };
-        let edits = CallerEdits {
-            summary: req.summary_text,
-            compressed: req
-                .compressed_forms
-                .into_iter()
-                .map(|f| (f.span_id, f.text))
-                .collect(),
-            actor: req.actor,
-        };
+        let edits = convert::edits_from_pb(req.summary_text, req.compressed_forms, req.actor);
         let committed = self.broker.commit(&req.session_id, plan_id, edits).await?;
         record_turn(committed.record.turns);
         Ok(Response::new(pb::CommitCompactionResponse {
@@ -658,13 +650,9 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let predicate = req.predicate.unwrap_or_default();
-        if pb::Modality::try_from(predicate.modality).is_err() {
-            return Err(validate::single(BadField::new(
-                "predicate.modality",
-                format!("unknown enum value {}", predicate.modality),
-            ))
-            .into());
-        }
+        let mut bad = Vec::new();
+        validate::modality("predicate", &predicate, &mut bad);
+        validate::finish(bad)?;
         let predicate = convert::predicate_from_pb(predicate);
         let committed = self
             .broker
@@ -733,11 +721,7 @@ impl ContextBroker for BrokerService {
             }
         }
         let start = match pb::WatchStart::try_from(req.start) {
-            Ok(pb::WatchStart::Unspecified | pb::WatchStart::FromSeq) => {
-                FeedStart::Seq(req.from_seq)
-            }
-            Ok(pb::WatchStart::Oldest) => FeedStart::Oldest,
-            Ok(pb::WatchStart::Now) => FeedStart::Now,
+            Ok(start) => convert::feed_start_from_pb(start, req.from_seq),
             Err(_) => {
                 bad.push(BadField::new(
                     "start",
@@ -798,23 +782,12 @@ impl ContextBroker for BrokerService {
         &self,
         _request: Request<pb::GetServerInfoRequest>,
     ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
-        let limits = self.broker.limits();
         let bounds = self.broker.store().marker_bounds();
-        let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Ok(Response::new(pb::GetServerInfoResponse {
             version: self.build.version.to_owned(),
             git_commit: self.build.git_commit.to_owned(),
             contract_digest: self.build.contract_digest.to_owned(),
-            limits: Some(pb::ServerLimits {
-                max_request_bytes: saturate(limits.max_request_bytes),
-                max_spans_per_turn: saturate(limits.max_spans_per_turn),
-                max_span_bytes: saturate(limits.max_span_bytes),
-                max_sessions: u32::try_from(limits.max_sessions).unwrap_or(u32::MAX),
-                max_session_id_bytes: saturate(limits.max_session_id_bytes),
-                max_window_tokens: limits.max_window_tokens,
-                max_concurrent_streams: saturate(limits.max_concurrent_streams),
-                marker_retention: limits.marker_retention,
-            }),
+            limits: Some(convert::limits_to_pb(self.broker.limits())),
             tokenizers: vec![
                 pb::TokenizerKind::O200kBase as i32,
                 pb::TokenizerKind::Cl100kBase as i32,

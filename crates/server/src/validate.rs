@@ -449,13 +449,18 @@ fn idempotency_key(i: usize, spans: &[pb::SpanInput], bad: &mut Vec<BadField>) {
 /// the original does not satisfy could never be satisfied by a shorter
 /// form).
 pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec<BadField>) {
+    modality(field, p, bad);
+    required_terms(field, &p.required_terms, text, bad);
+}
+
+/// Checks a predicate's modality is a known value.
+pub fn modality(field: &str, p: &pb::Predicate, bad: &mut Vec<BadField>) {
     if pb::Modality::try_from(p.modality).is_err() {
         bad.push(BadField::new(
             format!("{field}.modality"),
             format!("unknown enum value {}", p.modality),
         ));
     }
-    required_terms(field, &p.required_terms, text, bad);
 }
 
 /// Checks a predicate's terms (see [`predicate_shape`]).
