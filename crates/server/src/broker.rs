@@ -1,15 +1,16 @@
 //! The broker: the session lifecycle and every operation that changes a
-//! session, between the wire (converted in `service`) and the store.
+//! session, between the wire and the store. It takes and returns domain
+//! types only: `service` checks requests with `validate` and converts them
+//! with `convert`; background work runs in `scheduler`.
 //!
 //! The policy decides (`ctxbroker_core::session::Session` returns a
 //! `Change` or a `Rejection` and mutates nothing); the broker serialises
 //! each session's requests, persists the change through the store's single
 //! writer, and applies it to memory only once it is acknowledged.
 
-use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
@@ -19,43 +20,34 @@ use ctxbroker_core::session::{
 use ctxbroker_core::span::{
     ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
 };
-use ctxbroker_core::{Span, SpanId, classify, predicate, tokens, trigger};
+use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
 use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
-use tracing::{Span as TraceSpan, debug, info, info_span, instrument, warn};
+use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
 
 use crate::config::Limits;
 use crate::error::{ApiError, BadField, Escalation, Refused};
-use crate::sessions::{Loaded, Sessions, lock};
+use crate::scheduler::Scheduler;
+use crate::sessions::{Loaded, Sessions};
 use crate::validate;
 
 /// Texts at least this long are counted on the blocking pool, so that one
 /// 120k-token tool result does not stall the runtime's workers.
 const BLOCKING_COUNT_BYTES: usize = 64 << 10;
-/// How often the staleness guard looks at the sessions in memory.
-const STALENESS_TICK: Duration = Duration::from_millis(100);
 
 /// The broker's state: the store, the sessions in memory and the queue of
 /// background pre-compactions.
 #[derive(Debug)]
 pub struct Broker {
     store: Store,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     limits: Limits,
     /// Sessions that exist or are being created: reserved before a create is
     /// written, so concurrent creates cannot overshoot `max_sessions`.
     session_count: AtomicU64,
-    /// Sessions above their soft watermark, waiting for the background
-    /// pre-compaction; the set keeps each queued once.
-    soft_queue: mpsc::UnboundedSender<String>,
-    soft_pending: Mutex<HashSet<String>>,
-    soft_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
-    /// Sessions whose trigger has a staleness guard (HYBRID, TIME_BASED):
-    /// the only ones the guard's tick looks at. Seeded from the store when
-    /// the background work starts, so a restart loses none.
-    guarded: Mutex<BTreeSet<String>>,
+    /// The background pre-compactions and the staleness guard.
+    scheduler: Scheduler,
 }
 
 /// One span of a turn as the caller gave it: checked and converted from
@@ -179,16 +171,12 @@ impl Broker {
     /// A broker over an open store.
     pub fn new(store: Store, limits: Limits) -> Self {
         let session_count = AtomicU64::new(store.session_count());
-        let (soft_queue, soft_rx) = mpsc::unbounded_channel();
         Broker {
             store,
             sessions: Sessions::new(limits.session_cache_bytes),
             limits,
             session_count,
-            soft_queue,
-            soft_pending: Mutex::default(),
-            soft_rx: Mutex::new(Some(soft_rx)),
-            guarded: Mutex::default(),
+            scheduler: Scheduler::default(),
         }
     }
 
@@ -212,7 +200,7 @@ impl Broker {
     /// memory. Cancel-safe: if this future is dropped while the writer
     /// holds the change, the next request reloads from disk.
     #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
-    async fn persist(
+    pub(crate) async fn persist(
         &self,
         loaded: &mut Loaded,
         change: &Change,
@@ -393,7 +381,7 @@ impl Broker {
             .await?;
         loaded.session.record = record.clone();
         loaded.stale = false;
-        self.guard_staleness(&record);
+        self.scheduler.guard(&record);
         info!(
             session_id = id,
             revision = record.revision,
@@ -412,7 +400,7 @@ impl Broker {
             .await?;
         self.sessions.remove(id, &mut loaded);
         self.session_count.fetch_sub(1, Ordering::SeqCst);
-        self.forget_guarded(id);
+        self.scheduler.forget(id);
         info!(
             session_id = id,
             spans = ack.spans_deleted,
@@ -453,8 +441,8 @@ impl Broker {
             .remember_tokenizer(&id, record.config.tokenizer);
         *slot = Some(Loaded::new(session));
         drop(slot);
-        self.guard_staleness(&record);
-        self.queue_soft_if_above(&record);
+        self.scheduler.guard(&record);
+        self.scheduler.queue_soft(&record);
         Ok(record)
     }
 
@@ -545,7 +533,7 @@ impl Broker {
         let record = loaded.session.record.clone();
         // Make room in the background, so that the admission that crosses
         // the budget usually finds it made.
-        self.queue_soft_if_above(&record);
+        self.scheduler.queue_soft(&record);
         Ok(Admitted {
             spans: change
                 .append
@@ -725,150 +713,9 @@ impl Broker {
         }
     }
 
-    /// Keeps the set of sessions with a staleness guard in step with a
-    /// session's configuration.
-    fn guard_staleness(&self, record: &SessionRecord) {
-        let mut guarded = lock(&self.guarded);
-        if trigger::has_staleness_guard(&record.config) {
-            if !guarded.contains(&record.id) {
-                guarded.insert(record.id.clone());
-            }
-        } else {
-            guarded.remove(&record.id);
-        }
-    }
-
-    /// Seeds the staleness guard's set from the store, a page at a time.
-    async fn seed_guarded(&self) {
-        const PAGE: usize = 512;
-        let mut after: Option<String> = None;
-        loop {
-            let page = match self.store.sessions(after.as_deref(), PAGE) {
-                Ok(page) => page,
-                Err(err) => {
-                    warn!(%err, "listing sessions for the staleness guard failed");
-                    return;
-                }
-            };
-            for record in &page {
-                self.guard_staleness(record);
-            }
-            match page.last() {
-                Some(last) if page.len() == PAGE => after = Some(last.id.clone()),
-                _ => return,
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Queues the session's background pre-compaction when core says it
-    /// has work ([`trigger::soft_due`]), once.
-    fn queue_soft_if_above(&self, record: &SessionRecord) {
-        if !trigger::soft_due(record) {
-            return;
-        }
-        let fresh = lock(&self.soft_pending).insert(record.id.clone());
-        if fresh {
-            let _ = self.soft_queue.send(record.id.clone());
-        }
-    }
-
-    /// Runs the background work until `shutdown`: pre-compactions of
-    /// sessions above their soft watermark, and the staleness guard of
-    /// HYBRID and TIME_BASED sessions. Neither is on the admission path,
-    /// and neither ever compacts a session that admitted nothing since its
-    /// last compaction.
+    /// Runs the background work (see [`Scheduler`]) until `shutdown`.
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
-        let rx = lock(&self.soft_rx).take();
-        let Some(mut rx) = rx else {
-            return;
-        };
-        self.seed_guarded().await;
-        let mut tick = tokio::time::interval(STALENESS_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                id = rx.recv() => {
-                    let Some(id) = id else { return };
-                    lock(&self.soft_pending)
-                        .remove(&id);
-                    self.background_soft(&id).await;
-                }
-                _ = tick.tick() => self.background_staleness().await,
-            }
-        }
-    }
-
-    async fn background_soft(&self, id: &str) {
-        // Waits its turn like any request: the admission that queued it
-        // has released the session already.
-        let Ok(mut loaded) = self.sessions.lock(&self.store, id).await else {
-            return;
-        };
-        let counter = tokens::counter(loaded.session.record.config.tokenizer);
-        let turn = loaded.session.record.turns;
-        let planned = info_span!("plan", session_id = id, turn)
-            .in_scope(|| loaded.session.soft_compaction(now_ms(), counter));
-        let Some(change) = planned else {
-            return;
-        };
-        self.background_commit(&mut loaded, change, "soft-watermark pre-compaction")
-            .await;
-    }
-
-    async fn background_staleness(&self) {
-        let now = now_ms();
-        let ids: Vec<String> = lock(&self.guarded).iter().cloned().collect();
-        for id in ids {
-            // Never queue behind a request: a busy session is not stale.
-            let mut loaded = match self.sessions.try_lock(&self.store, &id) {
-                Ok(Some(loaded)) => loaded,
-                Ok(None) => continue,
-                Err(ApiError::SessionNotFound(_)) => {
-                    self.forget_guarded(&id);
-                    continue;
-                }
-                Err(err) => {
-                    debug!(session_id = %id, %err, "staleness guard could not load the session");
-                    continue;
-                }
-            };
-            if !trigger::has_staleness_guard(&loaded.session.record.config) {
-                self.forget_guarded(&id);
-                continue;
-            }
-            if !loaded.session.staleness_due(now) {
-                continue;
-            }
-            let counter = tokens::counter(loaded.session.record.config.tokenizer);
-            let turn = loaded.session.record.turns;
-            let planned = info_span!("plan", session_id = %id, turn)
-                .in_scope(|| loaded.session.staleness_compaction(now, counter));
-            if let Some(change) = planned {
-                self.background_commit(&mut loaded, change, "staleness compaction")
-                    .await;
-            }
-        }
-    }
-
-    fn forget_guarded(&self, id: &str) {
-        lock(&self.guarded).remove(id);
-    }
-
-    async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
-        let id = loaded.session.record.id.clone();
-        match self.persist(loaded, &change, Vec::new()).await {
-            Ok(seq) => info!(
-                session_id = %id,
-                seq = seq.unwrap_or(0),
-                evicted = change.evict.len(),
-                live = loaded.session.record.live_tokens,
-                "{what} committed"
-            ),
-            Err(err) => debug!(session_id = %id, %err, "{what} not committed"),
-        }
+        self.scheduler.run(&self, shutdown).await;
     }
 }
 
