@@ -12,15 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ctxbroker_core::admission::{self, CallerPredicate};
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
-use ctxbroker_core::span::{
-    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass,
-};
-use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
+use ctxbroker_core::span::{Role, SpanClass};
+use ctxbroker_core::{Span, SpanId, tokens};
 use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
@@ -68,15 +67,6 @@ pub struct TurnSpan {
     pub relevance_hint: Option<f64>,
     /// The caller's idempotency key; empty when none.
     pub idempotency_key: String,
-}
-
-/// A predicate as the caller gave it: parts left unset are derived.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallerPredicate {
-    /// The modality; `None` when unspecified.
-    pub modality: Option<Modality>,
-    /// Terms every form of the constraint must keep.
-    pub required_terms: Vec<String>,
 }
 
 /// The result of an admission, for the wire.
@@ -741,33 +731,18 @@ fn prepare_now(inputs: Vec<TurnSpan>, tokenizer: TokenizerKind) -> Vec<Incoming>
     inputs
         .into_iter()
         .map(|input| {
-            let role = input.role;
             let tokens = match (tokenizer, input.token_count) {
                 (TokenizerKind::Client, Some(n)) => n,
                 _ => counter.count(&input.text),
             };
-            // An unlabelled user or system span is classified once, at
-            // admission, under the session's mode and tuning; tool and
-            // assistant output is narrative by role.
-            let caller = |class| Classification {
-                class,
-                source: ClassSource::Caller,
-                rule: String::new(),
-            };
-            let classification = match (input.class, role) {
-                (Some(SpanClass::Summary), _) => caller(SpanClass::Narrative),
-                (Some(class), _) => caller(class),
-                (None, Role::User | Role::System) => Classification {
-                    class: SpanClass::Narrative,
-                    source: ClassSource::Rules,
-                    rule: String::new(),
-                },
-                (None, Role::Tool | Role::Assistant) => classify::classify(role, &input.text),
-            };
-            let predicate = (classification.class == SpanClass::Constraint)
-                .then(|| constraint_predicate(&input.text, input.predicate.as_ref()));
+            let (classification, predicate) = admission::label(
+                input.role,
+                &input.text,
+                input.class,
+                input.predicate.as_ref(),
+            );
             Incoming {
-                role,
+                role: input.role,
                 text: input.text,
                 tokens,
                 classification,
@@ -777,24 +752,6 @@ fn prepare_now(inputs: Vec<TurnSpan>, tokenizer: TokenizerKind) -> Vec<Incoming>
             }
         })
         .collect()
-}
-
-/// The caller's predicate where given, its unset parts derived.
-fn constraint_predicate(text: &str, given: Option<&CallerPredicate>) -> Predicate {
-    let modality = given.and_then(|p| p.modality);
-    let derived = predicate::derive(text, modality);
-    match given {
-        Some(p) if !p.required_terms.is_empty() => Predicate {
-            modality: derived.modality,
-            required_terms: p.required_terms.clone(),
-            source: PredicateSource::Caller,
-        },
-        Some(_) if modality.is_some() => Predicate {
-            source: PredicateSource::Caller,
-            ..derived
-        },
-        _ => derived,
-    }
 }
 
 /// Shared ownership of the broker by services and background tasks.

@@ -1,6 +1,7 @@
 //! Conversions between the wire contract and the domain types. The server
 //! is the only crate that knows both.
 
+use ctxbroker_core::admission::CallerPredicate;
 use ctxbroker_core::config::{
     AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionConfig, SessionMode, TokenizerKind,
     TriggerPolicy,
@@ -14,7 +15,7 @@ use ctxbroker_core::span::{
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{SessionRecord, SpanState, StoredSpan};
 
-use crate::broker::{CallerPredicate, TurnSpan};
+use crate::broker::TurnSpan;
 use crate::config::Limits;
 use crate::hub::FeedStart;
 
