@@ -8,7 +8,7 @@
 //! (otherwise the timer keeps summarising summaries). Anything else gets
 //! the token-budget trigger.
 
-use crate::config::{DeclaredWorkload, SessionConfig, SessionMode, TriggerPolicy};
+use crate::config::{ConfigViolation, DeclaredWorkload, SessionConfig, SessionMode, TriggerPolicy};
 use crate::session::SessionRecord;
 
 /// The verdict on a declared workload.
@@ -98,6 +98,49 @@ pub fn assess(workload: &DeclaredWorkload) -> TriggerAssessment {
         headroom_tokens: headroom,
         reasons,
     }
+}
+
+/// A cadence is accepted only for a declared workload under which it is
+/// sound. The workload's window, alpha and overhead are the session's own:
+/// given as 0 they are filled in, given otherwise they must match.
+pub fn time_based(c: &mut SessionConfig) -> Result<(), ConfigViolation> {
+    let bad = |field, description: String| Err(ConfigViolation { field, description });
+    let Some(workload) = c.workload.as_mut() else {
+        return bad(
+            "config.workload",
+            "is required with trigger TIME_BASED: declare the workload so its cadence can be checked".into(),
+        );
+    };
+    if workload.window_tokens == 0 {
+        workload.window_tokens = c.window_tokens;
+    }
+    if workload.alpha == 0.0 {
+        workload.alpha = c.alpha;
+    }
+    if workload.reserved_overhead_tokens == 0 {
+        workload.reserved_overhead_tokens = c.reserved_overhead_tokens;
+    }
+    let mismatch = workload.window_tokens != c.window_tokens
+        || workload.alpha != c.alpha
+        || workload.reserved_overhead_tokens != c.reserved_overhead_tokens;
+    if mismatch {
+        return bad(
+            "config.workload",
+            "window_tokens, alpha and reserved_overhead_tokens must be 0 or equal to the session's"
+                .into(),
+        );
+    }
+    let assessment = assess(workload);
+    if !assessment.time_based_sound {
+        return bad(
+            "config.trigger",
+            format!(
+                "TIME_BASED is unsound for the declared workload (use TOKEN_BUDGET or HYBRID): {}",
+                assessment.reasons.join("; ")
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Whether a configuration has a staleness guard: HYBRID or TIME_BASED

@@ -230,50 +230,11 @@ pub fn config(c: &mut SessionConfig, limits: &Limits, bad: &mut Vec<BadField>) {
             ),
         ));
     }
-    if bad.is_empty() && c.trigger == TriggerPolicy::TimeBased {
-        time_based(c, bad);
-    }
-}
-
-/// A cadence is accepted only for a declared workload under which it is
-/// sound. The workload's window, alpha and overhead are the session's own:
-/// given as 0 they are filled in, given otherwise they must match.
-fn time_based(c: &mut SessionConfig, bad: &mut Vec<BadField>) {
-    let Some(workload) = c.workload.as_mut() else {
-        bad.push(BadField::new(
-            "config.workload",
-            "is required with trigger TIME_BASED: declare the workload so its cadence can be checked",
-        ));
-        return;
-    };
-    if workload.window_tokens == 0 {
-        workload.window_tokens = c.window_tokens;
-    }
-    if workload.alpha == 0.0 {
-        workload.alpha = c.alpha;
-    }
-    if workload.reserved_overhead_tokens == 0 {
-        workload.reserved_overhead_tokens = c.reserved_overhead_tokens;
-    }
-    let mismatch = workload.window_tokens != c.window_tokens
-        || workload.alpha != c.alpha
-        || workload.reserved_overhead_tokens != c.reserved_overhead_tokens;
-    if mismatch {
-        bad.push(BadField::new(
-            "config.workload",
-            "window_tokens, alpha and reserved_overhead_tokens must be 0 or equal to the session's",
-        ));
-        return;
-    }
-    let assessment = trigger::assess(workload);
-    if !assessment.time_based_sound {
-        bad.push(BadField::new(
-            "config.trigger",
-            format!(
-                "TIME_BASED is unsound for the declared workload (use TOKEN_BUDGET or HYBRID): {}",
-                assessment.reasons.join("; ")
-            ),
-        ));
+    if bad.is_empty()
+        && c.trigger == TriggerPolicy::TimeBased
+        && let Err(v) = trigger::time_based(c)
+    {
+        bad.push(BadField::new(v.field, v.description));
     }
 }
 
