@@ -15,7 +15,10 @@
 use crate::config::SessionConfig;
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
 use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan};
-use crate::span::{Span, SpanId};
+use crate::span::{
+    ClassSource, Classification, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
+    SpanId,
+};
 use crate::tokens::TokenCounter;
 use crate::verify::verify_refs;
 
@@ -191,10 +194,61 @@ fn refuse<T>(sizes: Sizes, kind: ViolationKind, detail: String) -> Decision<T> {
     })
 }
 
+/// A predicate as a caller gave it: parts left unset are derived.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallerPredicate {
+    /// The modality; `None` when unspecified.
+    pub modality: Option<Modality>,
+    /// Terms every form of the constraint must keep.
+    pub required_terms: Vec<String>,
+}
+
+/// The class of an incoming span, and its predicate when it is a
+/// constraint, before its session sees it. The caller's class stands
+/// (SUMMARY is compaction's: a caller's counts as narrative); unlabelled
+/// tool and assistant output is classified by role and text now; an
+/// unlabelled user or system span stays narrative until the session's
+/// classifier mode and tuning decide it at admission.
+pub fn label(
+    role: Role,
+    text: &str,
+    class: Option<SpanClass>,
+    given: Option<&CallerPredicate>,
+) -> (Classification, Option<Predicate>) {
+    let by = |class, source| Classification {
+        class,
+        source,
+        rule: String::new(),
+    };
+    let classification = match (class, role) {
+        (Some(SpanClass::Summary), _) => by(SpanClass::Narrative, ClassSource::Caller),
+        (Some(class), _) => by(class, ClassSource::Caller),
+        (None, Role::User | Role::System) => by(SpanClass::Narrative, ClassSource::Rules),
+        (None, Role::Tool | Role::Assistant) => crate::classify::classify(role, text),
+    };
+    let predicate = (classification.class == SpanClass::Constraint).then(|| {
+        // The caller's predicate where given, its unset parts derived.
+        let modality = given.and_then(|p| p.modality);
+        let derived = crate::predicate::derive(text, modality);
+        match given {
+            Some(p) if !p.required_terms.is_empty() => Predicate {
+                modality: derived.modality,
+                required_terms: p.required_terms.clone(),
+                source: PredicateSource::Caller,
+            },
+            Some(_) if modality.is_some() => Predicate {
+                source: PredicateSource::Caller,
+                ..derived
+            },
+            _ => derived,
+        }
+    });
+    (classification, predicate)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::span::Role;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, role: Role, text: &str) -> Span {
@@ -299,5 +353,34 @@ mod tests {
         assert_eq!(r.sizes.pinned, u64::from(live[0].tokens));
         assert!(r.violations[0].detail.contains("live "));
         assert!(r.violations[0].detail.contains("window 1000"));
+    }
+
+    #[test]
+    fn a_caller_label_stands_and_its_predicate_keeps_the_callers_terms() {
+        let text = "Never deploy to prod on Fridays.";
+        let given = CallerPredicate {
+            modality: None,
+            required_terms: vec!["prod".into()],
+        };
+        let (class, predicate) = label(Role::User, text, Some(SpanClass::Constraint), Some(&given));
+        assert_eq!(
+            (class.class, class.source),
+            (SpanClass::Constraint, ClassSource::Caller)
+        );
+        let predicate = predicate.unwrap();
+        assert_eq!(predicate.required_terms, ["prod"]);
+        assert_eq!(predicate.source, PredicateSource::Caller);
+
+        let (class, predicate) = label(Role::User, text, None, None);
+        assert_eq!(
+            (class.class, class.source),
+            (SpanClass::Narrative, ClassSource::Rules)
+        );
+        assert!(predicate.is_none());
+        let (class, _) = label(Role::Tool, text, Some(SpanClass::Summary), None);
+        assert_eq!(
+            (class.class, class.source),
+            (SpanClass::Narrative, ClassSource::Caller)
+        );
     }
 }

@@ -8,7 +8,8 @@
 //! (otherwise the timer keeps summarising summaries). Anything else gets
 //! the token-budget trigger.
 
-use crate::config::{DeclaredWorkload, TriggerPolicy};
+use crate::config::{ConfigViolation, DeclaredWorkload, SessionConfig, SessionMode, TriggerPolicy};
+use crate::session::SessionRecord;
 
 /// The verdict on a declared workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +98,85 @@ pub fn assess(workload: &DeclaredWorkload) -> TriggerAssessment {
         headroom_tokens: headroom,
         reasons,
     }
+}
+
+/// A cadence is accepted only for a declared workload under which it is
+/// sound. The workload's window, alpha and overhead are the session's own:
+/// given as 0 they are filled in, given otherwise they must match.
+pub fn time_based(c: &mut SessionConfig) -> Result<(), ConfigViolation> {
+    let bad = |field, description: String| Err(ConfigViolation { field, description });
+    let Some(workload) = c.workload.as_mut() else {
+        return bad(
+            "config.workload",
+            "is required with trigger TIME_BASED: declare the workload so its cadence can be checked".into(),
+        );
+    };
+    if workload.window_tokens == 0 {
+        workload.window_tokens = c.window_tokens;
+    }
+    if workload.alpha == 0.0 {
+        workload.alpha = c.alpha;
+    }
+    if workload.reserved_overhead_tokens == 0 {
+        workload.reserved_overhead_tokens = c.reserved_overhead_tokens;
+    }
+    let mismatch = workload.window_tokens != c.window_tokens
+        || workload.alpha != c.alpha
+        || workload.reserved_overhead_tokens != c.reserved_overhead_tokens;
+    if mismatch {
+        return bad(
+            "config.workload",
+            "window_tokens, alpha and reserved_overhead_tokens must be 0 or equal to the session's"
+                .into(),
+        );
+    }
+    let assessment = assess(workload);
+    if !assessment.time_based_sound {
+        return bad(
+            "config.trigger",
+            format!(
+                "TIME_BASED is unsound for the declared workload (use TOKEN_BUDGET or HYBRID): {}",
+                assessment.reasons.join("; ")
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Whether a configuration has a staleness guard: HYBRID or TIME_BASED
+/// with a positive interval.
+pub fn has_staleness_guard(config: &SessionConfig) -> bool {
+    matches!(
+        config.trigger,
+        TriggerPolicy::Hybrid | TriggerPolicy::TimeBased
+    ) && config.staleness_interval_ms > 0
+}
+
+/// Whether automatic compaction may run now: the session is in AUTO mode,
+/// no unclassified span has suspended it, and it admitted something since
+/// its last compaction (an idle session is never compacted).
+pub fn compacts_on_its_own(record: &SessionRecord) -> bool {
+    record.config.mode == SessionMode::Auto
+        && !record.approval_required
+        && record.turns > record.last_compaction_turn
+}
+
+/// Whether the staleness guard is due: the configuration has one, the
+/// session compacts on its own, and one staleness interval has passed
+/// since its last compaction (or its creation). Read from the record
+/// alone, so a session need not be loaded to know.
+pub fn staleness_due(record: &SessionRecord, now_ms: u64) -> bool {
+    has_staleness_guard(&record.config)
+        && compacts_on_its_own(record)
+        && now_ms.saturating_sub(record.last_compaction_ms.max(record.created_at_ms))
+            >= record.config.staleness_interval_ms
+}
+
+/// Whether the background pre-compaction has work: the session compacts
+/// on its own and stands above its soft watermark.
+pub fn soft_due(record: &SessionRecord) -> bool {
+    compacts_on_its_own(record)
+        && record.live_tokens > u64::from(record.config.soft_watermark_tokens())
 }
 
 #[cfg(test)]
@@ -215,5 +295,25 @@ mod tests {
             };
             assert_eq!(headroom_tokens(&wl), want, "{w} {alpha} {overhead}");
         }
+    }
+
+    #[test]
+    fn background_work_is_due_only_for_a_session_that_compacts_on_its_own() {
+        let mut config = SessionConfig::with_window(1000);
+        config.trigger = TriggerPolicy::Hybrid;
+        config.staleness_interval_ms = 100;
+        let mut record = SessionRecord::new("s", config, 1_000);
+        record.live_tokens = u64::from(record.config.soft_watermark_tokens()) + 1;
+        // Idle since creation: nothing is due, however long it sits.
+        assert!(has_staleness_guard(&record.config));
+        assert!(!staleness_due(&record, 10_000) && !soft_due(&record));
+        record.turns = 1;
+        assert!(staleness_due(&record, 1_100) && soft_due(&record));
+        assert!(!staleness_due(&record, 1_099));
+        record.approval_required = true;
+        assert!(!staleness_due(&record, 10_000) && !soft_due(&record));
+        record.approval_required = false;
+        record.config.trigger = TriggerPolicy::TokenBudget;
+        assert!(!has_staleness_guard(&record.config) && !staleness_due(&record, 10_000));
     }
 }

@@ -1,62 +1,72 @@
 //! The broker: the session lifecycle and every operation that changes a
-//! session, between the wire (converted in `service`) and the store.
+//! session, between the wire and the store. It takes and returns domain
+//! types only: `service` checks requests with `validate` and converts them
+//! with `convert`; background work runs in `scheduler`.
 //!
 //! The policy decides (`ctxbroker_core::session::Session` returns a
 //! `Change` or a `Rejection` and mutates nothing); the broker serialises
 //! each session's requests, persists the change through the store's single
 //! writer, and applies it to memory only once it is acknowledged.
 
-use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use ctxbroker_core::config::{SessionConfig, TokenizerKind, TriggerPolicy};
+use ctxbroker_core::admission::{self, CallerPredicate};
+use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
-use ctxbroker_core::span::{
-    ClassSource, Classification, Predicate, PredicateSource, Role, SpanClass,
-};
-use ctxbroker_core::{Span, SpanId, classify, predicate, tokens};
-use ctxbroker_proto::v1 as pb;
+use ctxbroker_core::span::{Role, SpanClass};
+use ctxbroker_core::{Span, SpanId, tokens};
 use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::field::Empty;
+use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
 
 use crate::config::Limits;
-use crate::convert;
 use crate::error::{ApiError, BadField, Escalation, Refused};
+use crate::scheduler::Scheduler;
 use crate::sessions::{Loaded, Sessions};
 use crate::validate;
 
 /// Texts at least this long are counted on the blocking pool, so that one
 /// 120k-token tool result does not stall the runtime's workers.
 const BLOCKING_COUNT_BYTES: usize = 64 << 10;
-/// How often the staleness guard looks at the sessions in memory.
-const STALENESS_TICK: Duration = Duration::from_millis(100);
 
 /// The broker's state: the store, the sessions in memory and the queue of
 /// background pre-compactions.
 #[derive(Debug)]
 pub struct Broker {
     store: Store,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     limits: Limits,
     /// Sessions that exist or are being created: reserved before a create is
     /// written, so concurrent creates cannot overshoot `max_sessions`.
     session_count: AtomicU64,
-    /// Sessions above their soft watermark, waiting for the background
-    /// pre-compaction; the set keeps each queued once.
-    soft_queue: mpsc::UnboundedSender<String>,
-    soft_pending: Mutex<HashSet<String>>,
-    soft_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
-    /// Sessions whose trigger has a staleness guard (HYBRID, TIME_BASED):
-    /// the only ones the guard's tick looks at. Seeded from the store when
-    /// the background work starts, so a restart loses none.
-    guarded: Mutex<BTreeSet<String>>,
+    /// The background pre-compactions and the staleness guard.
+    scheduler: Scheduler,
+}
+
+/// One span of a turn as the caller gave it: checked and converted from
+/// the wire, not yet counted or classified.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnSpan {
+    /// Who produced it.
+    pub role: Role,
+    /// The content.
+    pub text: String,
+    /// The caller's count, accepted under the CLIENT tokenizer only.
+    pub token_count: Option<u32>,
+    /// The caller's class; `None` leaves it to the broker.
+    pub class: Option<SpanClass>,
+    /// The caller's predicate, for a constraint.
+    pub predicate: Option<CallerPredicate>,
+    /// The caller's relevance hint.
+    pub relevance_hint: Option<f64>,
+    /// The caller's idempotency key; empty when none.
+    pub idempotency_key: String,
 }
 
 /// The result of an admission, for the wire.
@@ -151,16 +161,12 @@ impl Broker {
     /// A broker over an open store.
     pub fn new(store: Store, limits: Limits) -> Self {
         let session_count = AtomicU64::new(store.session_count());
-        let (soft_queue, soft_rx) = mpsc::unbounded_channel();
         Broker {
             store,
             sessions: Sessions::new(limits.session_cache_bytes),
             limits,
             session_count,
-            soft_queue,
-            soft_pending: Mutex::default(),
-            soft_rx: Mutex::new(Some(soft_rx)),
-            guarded: Mutex::default(),
+            scheduler: Scheduler::default(),
         }
     }
 
@@ -179,16 +185,12 @@ impl Broker {
         self.sessions.resident()
     }
 
-    /// Writes a change and, once the store acknowledges it, applies it to
-    /// the session in memory. Cancel-safe: if this future is dropped while
-    /// the writer holds the change, the next request reloads from disk.
-    async fn persist(&self, loaded: &mut Loaded, change: &Change) -> Result<Option<u64>, ApiError> {
-        self.persist_keyed(loaded, change, Vec::new()).await
-    }
-
-    /// [`Broker::persist`] for an admission whose spans carry the caller's
-    /// idempotency keys, stored in the same write.
-    async fn persist_keyed(
+    /// Writes a change, with the idempotency keys of the spans it admits,
+    /// and, once the store acknowledges it, applies it to the session in
+    /// memory. Cancel-safe: if this future is dropped while the writer
+    /// holds the change, the next request reloads from disk.
+    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
+    pub(crate) async fn persist(
         &self,
         loaded: &mut Loaded,
         change: &Change,
@@ -216,7 +218,7 @@ impl Broker {
                     Some(CompactionTrigger::Manual) => Refused::Commit,
                     _ => Refused::Turn,
                 };
-                match self.persist(loaded, &abort).await {
+                match self.persist(loaded, &abort, Vec::new()).await {
                     Ok(seq) => {
                         let marker_seq = seq.unwrap_or(0);
                         warn!(
@@ -276,18 +278,9 @@ impl Broker {
     }
 
     /// Persists an operation's outcome: the change, or the rejection's
-    /// error.
+    /// error. For an admission, `keys[i]`, when not empty, is the
+    /// idempotency key of the change's i-th appended span.
     async fn carry_out(
-        &self,
-        loaded: &mut Loaded,
-        outcome: Result<Change, Rejection>,
-    ) -> Result<(Change, Option<u64>), ApiError> {
-        self.carry_out_keyed(loaded, outcome, &[]).await
-    }
-
-    /// [`Broker::carry_out`] for an admission: `keys[i]`, when not empty,
-    /// is the idempotency key of the change's i-th appended span.
-    async fn carry_out_keyed(
         &self,
         loaded: &mut Loaded,
         outcome: Result<Change, Rejection>,
@@ -301,7 +294,7 @@ impl Broker {
                     .filter(|(key, _)| !key.is_empty())
                     .map(|(key, span)| (key.clone(), span.id))
                     .collect();
-                let seq = self.persist_keyed(loaded, &change, keyed).await?;
+                let seq = self.persist(loaded, &change, keyed).await?;
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -347,15 +340,16 @@ impl Broker {
         Ok(self.store.sessions(after, limit)?)
     }
 
-    /// Applies a configuration patch.
+    /// Changes a session's configuration to what `update` makes of the
+    /// current one, within the session's turn.
     pub async fn update_session(
         &self,
         id: &str,
-        patch: &pb::SessionConfig,
+        update: impl FnOnce(&SessionConfig) -> Result<SessionConfig, ApiError>,
     ) -> Result<SessionRecord, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let current = &loaded.session.record;
-        let config = validate::update_config(&current.config, patch, &self.limits)?;
+        let config = update(&current.config)?;
         let budget = u64::from(config.budget_tokens());
         if current.live_tokens > budget {
             return Err(ApiError::ConfigBelowLive {
@@ -377,7 +371,7 @@ impl Broker {
             .await?;
         loaded.session.record = record.clone();
         loaded.stale = false;
-        self.guard_staleness(&record);
+        self.scheduler.guard(&record);
         info!(
             session_id = id,
             revision = record.revision,
@@ -396,7 +390,7 @@ impl Broker {
             .await?;
         self.sessions.remove(id, &mut loaded);
         self.session_count.fetch_sub(1, Ordering::SeqCst);
-        self.forget_guarded(id);
+        self.scheduler.forget(id);
         info!(
             session_id = id,
             spans = ack.spans_deleted,
@@ -437,8 +431,8 @@ impl Broker {
             .remember_tokenizer(&id, record.config.tokenizer);
         *slot = Some(Loaded::new(session));
         drop(slot);
-        self.guard_staleness(&record);
-        self.queue_soft_if_above(&record);
+        self.scheduler.guard(&record);
+        self.scheduler.queue_soft(&record);
         Ok(record)
     }
 
@@ -472,7 +466,7 @@ impl Broker {
     /// taken; classifying unlabelled user and system spans (under the
     /// session's mode), the decision, the write and the memory update
     /// happen within it.
-    pub async fn admit(&self, id: &str, inputs: Vec<pb::SpanInput>) -> Result<Admitted, ApiError> {
+    pub async fn admit(&self, id: &str, inputs: Vec<TurnSpan>) -> Result<Admitted, ApiError> {
         let tokenizer = self.sessions.tokenizer(&self.store, id)?;
         let keys: Vec<String> = inputs
             .iter()
@@ -508,8 +502,10 @@ impl Broker {
             return Ok(replay);
         }
         let counter = tokens::counter(actual);
-        let outcome = loaded.session.admit(incoming, now_ms(), counter);
-        let (change, seq) = self.carry_out_keyed(&mut loaded, outcome, &keys).await?;
+        let turn = loaded.session.record.turns + 1;
+        let outcome = info_span!("plan", session_id = id, turn)
+            .in_scope(|| loaded.session.admit(incoming, now_ms(), counter));
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &keys).await?;
         let marker = change.marker.map(|mut marker| {
             marker.seq = seq.unwrap_or(0);
             info!(
@@ -527,7 +523,7 @@ impl Broker {
         let record = loaded.session.record.clone();
         // Make room in the background, so that the admission that crosses
         // the budget usually finds it made.
-        self.queue_soft_if_above(&record);
+        self.scheduler.queue_soft(&record);
         Ok(Admitted {
             spans: change
                 .append
@@ -601,6 +597,7 @@ impl Broker {
     }
 
     /// A dry run of a compaction, bound to the session's revision.
+    #[instrument(name = "plan", skip_all, fields(session_id = id, turn = Empty))]
     pub async fn plan(
         &self,
         id: &str,
@@ -608,6 +605,7 @@ impl Broker {
         target_tokens: Option<u64>,
     ) -> Result<(SessionRecord, PlanOutcome), ApiError> {
         let loaded = self.sessions.lock(&self.store, id).await?;
+        TraceSpan::current().record("turn", loaded.session.record.turns);
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
         let outcome = loaded
             .session
@@ -624,13 +622,15 @@ impl Broker {
     ) -> Result<Committed, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
-        let outcome = loaded.session.commit(plan_id, &edits, now_ms(), counter);
+        let turn = loaded.session.record.turns;
+        let outcome = info_span!("verify", session_id = id, turn)
+            .in_scope(|| loaded.session.commit(plan_id, &edits, now_ms(), counter));
         if outcome.is_ok() && ctxbroker_store::fault("broker::between_plan_and_commit") {
             return Err(ApiError::Internal(
                 "injected fault between plan and commit".into(),
             ));
         }
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         Ok(self.committed(&loaded, change, seq, "compaction committed by the caller"))
     }
 
@@ -639,12 +639,8 @@ impl Broker {
         &self,
         id: &str,
         span_id: SpanId,
-        predicate: pb::Predicate,
+        predicate: CallerPredicate,
     ) -> Result<Committed, ApiError> {
-        // The service has checked the modality is a known value.
-        let modality = pb::Modality::try_from(predicate.modality)
-            .ok()
-            .and_then(convert::modality_from_pb);
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         // The terms are checked against the text the span was admitted in
         // (a span not live is refused by the session below).
@@ -654,13 +650,16 @@ impl Broker {
                 .as_ref()
                 .map_or(span.text.as_str(), |o| o.text.as_str());
             let mut bad = Vec::new();
-            validate::predicate_shape("predicate", &predicate, text, &mut bad);
+            validate::required_terms("predicate", &predicate.required_terms, text, &mut bad);
             validate::finish(bad)?;
         }
-        let outcome = loaded
-            .session
-            .pin(span_id, modality, predicate.required_terms, now_ms());
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let outcome = loaded.session.pin(
+            span_id,
+            predicate.modality,
+            predicate.required_terms,
+            now_ms(),
+        );
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         info!(session_id = id, span_id, "span pinned");
         Ok(self.committed(&loaded, change, seq, "span pinned"))
     }
@@ -675,7 +674,7 @@ impl Broker {
     ) -> Result<Committed, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let outcome = loaded.session.unpin(span_id, actor, reason, now_ms());
-        let (change, seq) = self.carry_out(&mut loaded, outcome).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
         Ok(self.committed(&loaded, change, seq, "constraint unpinned"))
     }
 
@@ -704,209 +703,19 @@ impl Broker {
         }
     }
 
-    /// Keeps the set of sessions with a staleness guard in step with a
-    /// session's configuration.
-    fn guard_staleness(&self, record: &SessionRecord) {
-        let mut guarded = self
-            .guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if has_staleness_guard(&record.config) {
-            if !guarded.contains(&record.id) {
-                guarded.insert(record.id.clone());
-            }
-        } else {
-            guarded.remove(&record.id);
-        }
-    }
-
-    /// Seeds the staleness guard's set from the store, a page at a time.
-    async fn seed_guarded(&self) {
-        const PAGE: usize = 512;
-        let mut after: Option<String> = None;
-        loop {
-            let page = match self.store.sessions(after.as_deref(), PAGE) {
-                Ok(page) => page,
-                Err(err) => {
-                    warn!(%err, "listing sessions for the staleness guard failed");
-                    return;
-                }
-            };
-            for record in &page {
-                self.guard_staleness(record);
-            }
-            match page.last() {
-                Some(last) if page.len() == PAGE => after = Some(last.id.clone()),
-                _ => return,
-            }
-            tokio::task::yield_now().await;
-        }
-    }
-
-    /// Queues the session's background pre-compaction when it stands
-    /// above its soft watermark with something admitted since its last
-    /// compaction.
-    fn queue_soft_if_above(&self, record: &SessionRecord) {
-        if record.live_tokens > u64::from(record.config.soft_watermark_tokens())
-            && record.turns > record.last_compaction_turn
-        {
-            self.queue_soft(&record.id);
-        }
-    }
-
-    fn queue_soft(&self, id: &str) {
-        let fresh = self
-            .soft_pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id.to_owned());
-        if fresh {
-            let _ = self.soft_queue.send(id.to_owned());
-        }
-    }
-
-    /// Runs the background work until `shutdown`: pre-compactions of
-    /// sessions above their soft watermark, and the staleness guard of
-    /// HYBRID and TIME_BASED sessions. Neither is on the admission path,
-    /// and neither ever compacts a session that admitted nothing since its
-    /// last compaction.
+    /// Runs the background work (see [`Scheduler`]) until `shutdown`.
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
-        let rx = self
-            .soft_rx
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        let Some(mut rx) = rx else {
-            return;
-        };
-        self.seed_guarded().await;
-        let mut tick = tokio::time::interval(STALENESS_TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                id = rx.recv() => {
-                    let Some(id) = id else { return };
-                    self.soft_pending
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .remove(&id);
-                    self.background_soft(&id).await;
-                }
-                _ = tick.tick() => self.background_staleness().await,
-            }
-        }
+        self.scheduler.run(&self, shutdown).await;
     }
-
-    async fn background_soft(&self, id: &str) {
-        // Waits its turn like any request: the admission that queued it
-        // has released the session already.
-        let Ok(mut loaded) = self.sessions.lock(&self.store, id).await else {
-            return;
-        };
-        let counter = tokens::counter(loaded.session.record.config.tokenizer);
-        let Some(change) = loaded.session.soft_compaction(now_ms(), counter) else {
-            return;
-        };
-        self.background_commit(&mut loaded, change, "soft-watermark pre-compaction")
-            .await;
-    }
-
-    async fn background_staleness(&self) {
-        let now = now_ms();
-        let ids: Vec<String> = self
-            .guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        for id in ids {
-            // Never queue behind a request: a busy session is not stale.
-            let mut loaded = match self.sessions.try_lock(&self.store, &id) {
-                Ok(Some(loaded)) => loaded,
-                Ok(None) => continue,
-                Err(ApiError::SessionNotFound(_)) => {
-                    self.forget_guarded(&id);
-                    continue;
-                }
-                Err(err) => {
-                    debug!(session_id = %id, %err, "staleness guard could not load the session");
-                    continue;
-                }
-            };
-            if !has_staleness_guard(&loaded.session.record.config) {
-                self.forget_guarded(&id);
-                continue;
-            }
-            if !loaded.session.staleness_due(now) {
-                continue;
-            }
-            let counter = tokens::counter(loaded.session.record.config.tokenizer);
-            if let Some(change) = loaded.session.staleness_compaction(now, counter) {
-                self.background_commit(&mut loaded, change, "staleness compaction")
-                    .await;
-            }
-        }
-    }
-
-    fn forget_guarded(&self, id: &str) {
-        self.guarded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(id);
-    }
-
-    async fn background_commit(&self, loaded: &mut Loaded, change: Change, what: &str) {
-        let id = loaded.session.record.id.clone();
-        match self.persist(loaded, &change).await {
-            Ok(seq) => info!(
-                session_id = %id,
-                seq = seq.unwrap_or(0),
-                evicted = change.evict.len(),
-                live = loaded.session.record.live_tokens,
-                "{what} committed"
-            ),
-            Err(err) => debug!(session_id = %id, %err, "{what} not committed"),
-        }
-    }
-}
-
-/// Whether a configuration has a staleness guard.
-fn has_staleness_guard(config: &SessionConfig) -> bool {
-    matches!(
-        config.trigger,
-        TriggerPolicy::Hybrid | TriggerPolicy::TimeBased
-    ) && config.staleness_interval_ms > 0
 }
 
 /// Counts and classifies a turn's spans. Runs before the session's turn is
 /// taken; large texts are counted on the blocking pool.
 async fn prepare(
-    inputs: Vec<pb::SpanInput>,
+    inputs: Vec<TurnSpan>,
     tokenizer: TokenizerKind,
 ) -> Result<Vec<Incoming>, ApiError> {
-    let mut bad = Vec::new();
-    for (i, input) in inputs.iter().enumerate() {
-        match (tokenizer, input.token_count) {
-            (TokenizerKind::Client, None) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "is required: the session's tokenizer is CLIENT",
-            )),
-            (TokenizerKind::Client, Some(0)) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "must be greater than 0",
-            )),
-            (TokenizerKind::Client, Some(_)) | (_, None) => {}
-            (_, Some(_)) => bad.push(BadField::new(
-                format!("spans[{i}].token_count"),
-                "is only accepted when the session's tokenizer is CLIENT; the broker counts this session's tokens itself",
-            )),
-        }
-    }
-    validate::finish(bad)?;
-
+    validate::token_counts(&inputs, tokenizer)?;
     let large = inputs.iter().map(|s| s.text.len()).sum::<usize>() >= BLOCKING_COUNT_BYTES;
     if large {
         tokio::task::spawn_blocking(move || prepare_now(inputs, tokenizer))
@@ -917,77 +726,32 @@ async fn prepare(
     }
 }
 
-fn prepare_now(inputs: Vec<pb::SpanInput>, tokenizer: TokenizerKind) -> Vec<Incoming> {
+fn prepare_now(inputs: Vec<TurnSpan>, tokenizer: TokenizerKind) -> Vec<Incoming> {
     let counter = tokens::counter(tokenizer);
     inputs
         .into_iter()
         .map(|input| {
-            // Validated beforehand: role is known and specified.
-            let role = convert::role_from_pb(input.role()).unwrap_or(Role::User);
             let tokens = match (tokenizer, input.token_count) {
                 (TokenizerKind::Client, Some(n)) => n,
                 _ => counter.count(&input.text),
             };
-            let unclassified = input.span_class() == pb::SpanClass::Unspecified;
-            // An unlabelled user or system span is classified once, at
-            // admission, under the session's mode and tuning; tool and
-            // assistant output is narrative by role.
-            let classification = match input.span_class() {
-                pb::SpanClass::Constraint => Classification {
-                    class: SpanClass::Constraint,
-                    source: ClassSource::Caller,
-                    rule: String::new(),
-                },
-                pb::SpanClass::Protected => Classification {
-                    class: SpanClass::Protected,
-                    source: ClassSource::Caller,
-                    rule: String::new(),
-                },
-                pb::SpanClass::Narrative | pb::SpanClass::Summary => Classification {
-                    class: SpanClass::Narrative,
-                    source: ClassSource::Caller,
-                    rule: String::new(),
-                },
-                pb::SpanClass::Unspecified => match role {
-                    Role::User | Role::System => Classification {
-                        class: SpanClass::Narrative,
-                        source: ClassSource::Rules,
-                        rule: String::new(),
-                    },
-                    Role::Tool | Role::Assistant => classify::classify(role, &input.text),
-                },
-            };
-            let predicate = (classification.class == SpanClass::Constraint)
-                .then(|| constraint_predicate(&input.text, input.predicate.as_ref()));
+            let (classification, predicate) = admission::label(
+                input.role,
+                &input.text,
+                input.class,
+                input.predicate.as_ref(),
+            );
             Incoming {
-                role,
+                role: input.role,
                 text: input.text,
                 tokens,
                 classification,
                 predicate,
                 relevance_hint: input.relevance_hint,
-                unclassified,
+                unclassified: input.class.is_none(),
             }
         })
         .collect()
-}
-
-/// The caller's predicate where given, its unset parts derived.
-fn constraint_predicate(text: &str, given: Option<&pb::Predicate>) -> Predicate {
-    let modality = given.and_then(|p| convert::modality_from_pb(p.modality()));
-    let derived = predicate::derive(text, modality);
-    match given {
-        Some(p) if !p.required_terms.is_empty() => Predicate {
-            modality: derived.modality,
-            required_terms: p.required_terms.clone(),
-            source: PredicateSource::Caller,
-        },
-        Some(_) if modality.is_some() => Predicate {
-            source: PredicateSource::Caller,
-            ..derived
-        },
-        _ => derived,
-    }
 }
 
 /// Shared ownership of the broker by services and background tasks.

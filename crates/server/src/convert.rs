@@ -1,18 +1,23 @@
 //! Conversions between the wire contract and the domain types. The server
 //! is the only crate that knows both.
 
+use ctxbroker_core::admission::CallerPredicate;
 use ctxbroker_core::config::{
     AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionConfig, SessionMode, TokenizerKind,
     TriggerPolicy,
 };
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::plan::{EvictionReason, Verdict, Violation, ViolationKind};
-use ctxbroker_core::session::PlanOutcome;
+use ctxbroker_core::session::{CallerEdits, PlanOutcome};
 use ctxbroker_core::span::{
     ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
 };
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_store::{SessionRecord, SpanState};
+use ctxbroker_store::{SessionRecord, SpanState, StoredSpan};
+
+use crate::broker::TurnSpan;
+use crate::config::Limits;
+use crate::hub::FeedStart;
 
 /// Milliseconds since the Unix epoch as a protobuf timestamp.
 pub fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -105,6 +110,86 @@ pub fn modality_from_pb(modality: pb::Modality) -> Option<Modality> {
         pb::Modality::Requirement => Some(Modality::Requirement),
         pb::Modality::Restriction => Some(Modality::Restriction),
         pb::Modality::Correction => Some(Modality::Correction),
+    }
+}
+
+/// The caller's predicate of a wire one whose modality is known.
+pub fn predicate_from_pb(p: pb::Predicate) -> CallerPredicate {
+    CallerPredicate {
+        modality: modality_from_pb(p.modality()),
+        required_terms: p.required_terms,
+    }
+}
+
+/// The domain form of a turn whose shape is checked (roles known and
+/// specified).
+pub fn turn_from_pb(spans: Vec<pb::SpanInput>) -> Vec<TurnSpan> {
+    spans
+        .into_iter()
+        .map(|s| TurnSpan {
+            role: role_from_pb(s.role()).unwrap_or(Role::User),
+            class: class_from_pb(s.span_class()),
+            token_count: s.token_count,
+            predicate: s.predicate.map(predicate_from_pb),
+            relevance_hint: s.relevance_hint,
+            idempotency_key: s.idempotency_key,
+            text: s.text,
+        })
+        .collect()
+}
+
+/// The caller's edits of a plan.
+pub fn edits_from_pb(
+    summary: Option<String>,
+    forms: Vec<pb::CompressedForm>,
+    actor: String,
+) -> CallerEdits {
+    CallerEdits {
+        summary,
+        compressed: forms.into_iter().map(|f| (f.span_id, f.text)).collect(),
+        actor,
+    }
+}
+
+/// Where a watch's feed starts.
+pub fn feed_start_from_pb(start: pb::WatchStart, from_seq: u64) -> FeedStart {
+    match start {
+        pb::WatchStart::Unspecified | pb::WatchStart::FromSeq => FeedStart::Seq(from_seq),
+        pb::WatchStart::Oldest => FeedStart::Oldest,
+        pb::WatchStart::Now => FeedStart::Now,
+    }
+}
+
+/// The wire form of the server's limits, saturated into its u32 fields.
+pub fn limits_to_pb(limits: &Limits) -> pb::ServerLimits {
+    let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::ServerLimits {
+        max_request_bytes: saturate(limits.max_request_bytes),
+        max_spans_per_turn: saturate(limits.max_spans_per_turn),
+        max_span_bytes: saturate(limits.max_span_bytes),
+        max_sessions: u32::try_from(limits.max_sessions).unwrap_or(u32::MAX),
+        max_session_id_bytes: saturate(limits.max_session_id_bytes),
+        max_window_tokens: limits.max_window_tokens,
+        max_concurrent_streams: saturate(limits.max_concurrent_streams),
+        marker_retention: limits.marker_retention,
+    }
+}
+
+/// The wire form of a search hit or listed span.
+pub fn span_hit(stored: &StoredSpan, score: f64, snippet: String) -> pb::SpanHit {
+    let span = &stored.span;
+    let (state, archived_by_seq) = state_to_pb(stored.state);
+    pb::SpanHit {
+        span_id: span.id,
+        role: role_to_pb(span.role) as i32,
+        span_class: class_to_pb(span.class()) as i32,
+        turn: span.turn,
+        state: state as i32,
+        archived_by_seq,
+        generation: span.generation,
+        tokens: span.tokens,
+        score,
+        snippet,
     }
 }
 

@@ -304,11 +304,11 @@ mod tests {
             broker
                 .admit(
                     id,
-                    vec![pb::SpanInput {
+                    crate::convert::turn_from_pb(vec![pb::SpanInput {
                         role: pb::Role::Tool as i32,
                         text,
                         ..Default::default()
-                    }],
+                    }]),
                 )
                 .await
                 .unwrap();

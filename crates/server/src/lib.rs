@@ -11,6 +11,7 @@ pub mod convert;
 pub mod error;
 pub mod hub;
 pub mod metrics;
+pub mod scheduler;
 pub mod search;
 pub mod server;
 pub mod service;

@@ -7,9 +7,9 @@
 
 use ctxbroker_core::search::{self, SpanFilter, Standing};
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_store::{SearchQuery, Store, StoredSpan};
+use ctxbroker_store::{SearchQuery, Store};
 
-use crate::convert::{class_from_pb, class_to_pb, role_from_pb, role_to_pb, state_to_pb};
+use crate::convert::{class_from_pb, role_from_pb, span_hit};
 use crate::error::{ApiError, BadField};
 use crate::validate;
 
@@ -66,8 +66,8 @@ pub fn check_search(req: &pb::SearchSpansRequest) -> Result<Search, ApiError> {
         }
     }
     let filter = span_filter(req.filter.as_ref(), &mut bad);
-    let limit = bounded("page_size", req.page_size, SEARCH_PAGE, &mut bad);
-    let snippet_chars = bounded("snippet_chars", req.snippet_chars, SNIPPET, &mut bad);
+    let limit = validate::bounded("page_size", req.page_size, SEARCH_PAGE, &mut bad);
+    let snippet_chars = validate::bounded("snippet_chars", req.snippet_chars, SNIPPET, &mut bad);
     let offset = match req.page_token.strip_prefix('o') {
         _ if req.page_token.is_empty() => 0,
         Some(n) => n.parse::<usize>().unwrap_or_else(|_| {
@@ -95,8 +95,8 @@ pub fn check_search(req: &pb::SearchSpansRequest) -> Result<Search, ApiError> {
 pub fn check_listing(req: &pb::ListSpansRequest) -> Result<Listing, ApiError> {
     let mut bad = Vec::new();
     let filter = span_filter(req.filter.as_ref(), &mut bad);
-    let limit = bounded("page_size", req.page_size, LIST_PAGE, &mut bad);
-    let snippet_chars = bounded("snippet_chars", req.snippet_chars, SNIPPET, &mut bad);
+    let limit = validate::bounded("page_size", req.page_size, LIST_PAGE, &mut bad);
+    let snippet_chars = validate::bounded("snippet_chars", req.snippet_chars, SNIPPET, &mut bad);
     let after = match req.page_token.strip_prefix('a') {
         _ if req.page_token.is_empty() => None,
         Some(n) => match n.parse::<u64>() {
@@ -122,26 +122,6 @@ pub fn check_listing(req: &pb::ListSpansRequest) -> Result<Listing, ApiError> {
 
 fn not_a_token(rpc: &str) -> BadField {
     BadField::new("page_token", format!("is not a token returned by {rpc}"))
-}
-
-/// A page size or length: 0 means the default; above the maximum is bad.
-fn bounded(
-    field: &str,
-    value: u32,
-    (default, max): (usize, usize),
-    bad: &mut Vec<BadField>,
-) -> usize {
-    match value as usize {
-        0 => default,
-        n if n > max => {
-            bad.push(BadField::new(
-                field,
-                format!("must be at most {max}; got {n}"),
-            ));
-            default
-        }
-        n => n,
-    }
 }
 
 fn span_filter(filter: Option<&pb::SpanFilter>, bad: &mut Vec<BadField>) -> SpanFilter {
@@ -273,23 +253,6 @@ async fn off_workers<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| ApiError::Internal(format!("the {what} task failed: {err}")))?
-}
-
-fn span_hit(stored: &StoredSpan, score: f64, snippet: String) -> pb::SpanHit {
-    let span = &stored.span;
-    let (state, archived_by_seq) = state_to_pb(stored.state);
-    pb::SpanHit {
-        span_id: span.id,
-        role: role_to_pb(span.role) as i32,
-        span_class: class_to_pb(span.class()) as i32,
-        turn: span.turn,
-        state: state as i32,
-        archived_by_seq,
-        generation: span.generation,
-        tokens: span.tokens,
-        score,
-        snippet,
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use ctxbroker_core::session::{CallerEdits, PlanId};
+use ctxbroker_core::session::PlanId;
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_proto::v1::context_broker_server::ContextBroker;
@@ -13,7 +13,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::{CancellationToken, ReusableBoxFuture};
 use tonic::{Request, Response, Status, Streaming};
-use tracing::debug;
+use tracing::field::Empty;
+use tracing::{Instrument, Span, debug, instrument};
 
 use crate::BuildInfo;
 use crate::broker::{Admitted, SharedBroker, now_ms};
@@ -32,8 +33,7 @@ const STREAM_BUFFER: usize = 64;
 /// feed (they are already in the replies).
 const OWN_MARKERS: usize = 1024;
 /// The default and largest ListSessions page.
-const DEFAULT_PAGE: usize = 100;
-const MAX_PAGE: usize = 1000;
+const PAGE: (usize, usize) = (100, 1000);
 
 /// The service, cheap to clone.
 #[derive(Debug, Clone)]
@@ -96,6 +96,7 @@ impl BrokerService {
         validate::session_id(field, id, self.broker.limits()).map_err(validate::single)
     }
 
+    #[instrument(name = "admit", skip_all, fields(session_id = %req.session_id, turn = Empty))]
     async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
         let result = self.admit_checked(req).await;
         if let Some(metrics) = &self.metrics {
@@ -111,9 +112,16 @@ impl BrokerService {
         }
         validate::turn_shape(&req.spans, self.broker.limits(), &mut bad);
         validate::finish(bad)?;
-        let admitted = self.broker.admit(&req.session_id, req.spans).await?;
+        let turn = convert::turn_from_pb(req.spans);
+        let admitted = self.broker.admit(&req.session_id, turn).await?;
+        Span::current().record("turn", admitted.turn);
         Ok(admit_response(admitted))
     }
+}
+
+/// Records the turn a session stands at on the handler's span.
+fn record_turn(turn: u64) {
+    Span::current().record("turn", turn);
 }
 
 fn admit_response(admitted: Admitted) -> pb::AdmitResponse {
@@ -258,6 +266,7 @@ impl tokio_stream::Stream for WatchStream {
 
 #[tonic::async_trait]
 impl ContextBroker for BrokerService {
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn create_session(
         &self,
         request: Request<pb::CreateSessionRequest>,
@@ -267,26 +276,19 @@ impl ContextBroker for BrokerService {
         if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
             bad.push(b);
         }
-        let config = match validate::create_config(req.config.as_ref(), self.broker.limits()) {
-            Ok(config) => Some(config),
-            Err(ApiError::InvalidArgument(more)) => {
-                bad.extend(more);
-                None
-            }
-            Err(other) => return Err(other.into()),
-        };
+        let config = validate::create_config(req.config.as_ref(), self.broker.limits());
+        if let Err(ApiError::InvalidArgument(more)) = &config {
+            bad.extend(more.iter().cloned());
+        }
         validate::finish(bad)?;
-        let Some(config) = config else {
-            return Err(
-                ApiError::InvalidArgument(vec![BadField::new("config", "is invalid")]).into(),
-            );
-        };
-        let record = self.broker.create_session(&req.session_id, config).await?;
+        let record = self.broker.create_session(&req.session_id, config?).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn get_session(
         &self,
         request: Request<pb::GetSessionRequest>,
@@ -294,27 +296,21 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let record = self.broker.session(&req.session_id).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::GetSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all)]
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let req = request.into_inner();
-        let page = match req.page_size as usize {
-            0 => DEFAULT_PAGE,
-            n if n > MAX_PAGE => {
-                return Err(validate::single(BadField::new(
-                    "page_size",
-                    format!("must be at most {MAX_PAGE}; got {n}"),
-                ))
-                .into());
-            }
-            n => n,
-        };
+        let mut bad = Vec::new();
+        let page = validate::bounded("page_size", req.page_size, PAGE, &mut bad);
+        validate::finish(bad)?;
         let after = if req.page_token.is_empty() {
             None
         } else {
@@ -341,6 +337,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn update_session(
         &self,
         request: Request<pb::UpdateSessionRequest>,
@@ -354,12 +351,20 @@ impl ContextBroker for BrokerService {
             ))
             .into());
         };
-        let record = self.broker.update_session(&req.session_id, &patch).await?;
+        let limits = self.broker.limits();
+        let record = self
+            .broker
+            .update_session(&req.session_id, |current| {
+                validate::update_config(current, &patch, limits)
+            })
+            .await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::UpdateSessionResponse {
             session: Some(session_to_pb(&record)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn delete_session(
         &self,
         request: Request<pb::DeleteSessionRequest>,
@@ -380,6 +385,7 @@ impl ContextBroker for BrokerService {
 
     type AdmitStreamStream = ReceiverStream<Result<pb::AdmitStreamResponse, Status>>;
 
+    #[instrument(skip_all)]
     async fn admit_stream(
         &self,
         request: Request<Streaming<pb::AdmitStreamRequest>>,
@@ -388,7 +394,7 @@ impl ContextBroker for BrokerService {
         let mut inbound = request.into_inner();
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let service = self.clone();
-        tokio::spawn(async move {
+        let task = async move {
             let _permit = permit;
             let shutdown = service.shutdown.clone();
             let mut bound: Option<String> = None;
@@ -491,10 +497,12 @@ impl ContextBroker for BrokerService {
                     }
                 }
             }
-        });
+        };
+        tokio::spawn(task.in_current_span());
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn get_context(
         &self,
         request: Request<pb::GetContextRequest>,
@@ -502,6 +510,7 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let (record, spans) = self.broker.context(&req.session_id).await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::GetContextResponse {
             spans: spans
                 .iter()
@@ -513,6 +522,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, span_id = request.get_ref().span_id))]
     async fn get_span(
         &self,
         request: Request<pb::GetSpanRequest>,
@@ -525,6 +535,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn search_spans(
         &self,
         request: Request<pb::SearchSpansRequest>,
@@ -536,6 +547,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(response))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn list_spans(
         &self,
         request: Request<pb::ListSpansRequest>,
@@ -547,6 +559,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(response))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn plan_compaction(
         &self,
         request: Request<pb::PlanCompactionRequest>,
@@ -561,12 +574,14 @@ impl ContextBroker for BrokerService {
                 req.target_tokens.map(u64::from),
             )
             .await?;
+        record_turn(record.turns);
         Ok(Response::new(pb::PlanCompactionResponse {
             plan: Some(convert::plan_to_pb(&outcome, record.revision)),
             verification: Some(convert::verdict_to_pb(&outcome.verdict)),
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn commit_compaction(
         &self,
         request: Request<pb::CommitCompactionRequest>,
@@ -617,16 +632,9 @@ impl ContextBroker for BrokerService {
         let Some(plan_id) = plan_id else {
             return Err(validate::single(BadField::new("plan_id", "is malformed")).into());
         };
-        let edits = CallerEdits {
-            summary: req.summary_text,
-            compressed: req
-                .compressed_forms
-                .into_iter()
-                .map(|f| (f.span_id, f.text))
-                .collect(),
-            actor: req.actor,
-        };
+        let edits = convert::edits_from_pb(req.summary_text, req.compressed_forms, req.actor);
         let committed = self.broker.commit(&req.session_id, plan_id, edits).await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::CommitCompactionResponse {
             marker: committed.marker.as_ref().map(marker_to_pb),
             totals: Some(totals_to_pb(&committed.record)),
@@ -634,6 +642,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn pin(
         &self,
         request: Request<pb::PinRequest>,
@@ -641,17 +650,15 @@ impl ContextBroker for BrokerService {
         let req = request.into_inner();
         self.check_id("session_id", &req.session_id)?;
         let predicate = req.predicate.unwrap_or_default();
-        if pb::Modality::try_from(predicate.modality).is_err() {
-            return Err(validate::single(BadField::new(
-                "predicate.modality",
-                format!("unknown enum value {}", predicate.modality),
-            ))
-            .into());
-        }
+        let mut bad = Vec::new();
+        validate::modality("predicate", &predicate, &mut bad);
+        validate::finish(bad)?;
+        let predicate = convert::predicate_from_pb(predicate);
         let committed = self
             .broker
             .pin(&req.session_id, req.span_id, predicate)
             .await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::PinResponse {
             span: committed
                 .replaced
@@ -660,6 +667,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
     async fn unpin(
         &self,
         request: Request<pb::UnpinRequest>,
@@ -676,6 +684,7 @@ impl ContextBroker for BrokerService {
             .broker
             .unpin(&req.session_id, req.span_id, &req.actor, &req.reason)
             .await?;
+        record_turn(committed.record.turns);
         Ok(Response::new(pb::UnpinResponse {
             span: committed
                 .replaced
@@ -687,6 +696,7 @@ impl ContextBroker for BrokerService {
 
     type WatchCompactionsStream = WatchStream;
 
+    #[instrument(skip_all)]
     async fn watch_compactions(
         &self,
         request: Request<pb::WatchCompactionsRequest>,
@@ -711,11 +721,7 @@ impl ContextBroker for BrokerService {
             }
         }
         let start = match pb::WatchStart::try_from(req.start) {
-            Ok(pb::WatchStart::Unspecified | pb::WatchStart::FromSeq) => {
-                FeedStart::Seq(req.from_seq)
-            }
-            Ok(pb::WatchStart::Oldest) => FeedStart::Oldest,
-            Ok(pb::WatchStart::Now) => FeedStart::Now,
+            Ok(start) => convert::feed_start_from_pb(start, req.from_seq),
             Err(_) => {
                 bad.push(BadField::new(
                     "start",
@@ -739,6 +745,7 @@ impl ContextBroker for BrokerService {
         )))
     }
 
+    #[instrument(skip_all)]
     async fn select_trigger(
         &self,
         request: Request<pb::SelectTriggerRequest>,
@@ -770,27 +777,17 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all)]
     async fn get_server_info(
         &self,
         _request: Request<pb::GetServerInfoRequest>,
     ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
-        let limits = self.broker.limits();
         let bounds = self.broker.store().marker_bounds();
-        let saturate = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Ok(Response::new(pb::GetServerInfoResponse {
             version: self.build.version.to_owned(),
             git_commit: self.build.git_commit.to_owned(),
             contract_digest: self.build.contract_digest.to_owned(),
-            limits: Some(pb::ServerLimits {
-                max_request_bytes: saturate(limits.max_request_bytes),
-                max_spans_per_turn: saturate(limits.max_spans_per_turn),
-                max_span_bytes: saturate(limits.max_span_bytes),
-                max_sessions: u32::try_from(limits.max_sessions).unwrap_or(u32::MAX),
-                max_session_id_bytes: saturate(limits.max_session_id_bytes),
-                max_window_tokens: limits.max_window_tokens,
-                max_concurrent_streams: saturate(limits.max_concurrent_streams),
-                marker_retention: limits.marker_retention,
-            }),
+            limits: Some(convert::limits_to_pb(self.broker.limits())),
             tokenizers: vec![
                 pb::TokenizerKind::O200kBase as i32,
                 pb::TokenizerKind::Cl100kBase as i32,
@@ -807,6 +804,7 @@ impl ContextBroker for BrokerService {
         }))
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
     async fn export_session(
         &self,
         request: Request<pb::ExportSessionRequest>,
@@ -815,6 +813,7 @@ impl ContextBroker for BrokerService {
         Ok(Response::new(reply))
     }
 
+    #[instrument(skip_all)]
     async fn import_session(
         &self,
         request: Request<pb::ImportSessionRequest>,

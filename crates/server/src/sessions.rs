@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::session::Session;
 use ctxbroker_core::span::Span;
+use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
@@ -319,7 +320,8 @@ impl Drop for CreateGuard {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// Locks a mutex, taking it over when a panic poisoned it.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -478,7 +480,7 @@ impl Sessions {
     /// request. `Ok(None)` when the session is busy or being deleted, and
     /// when it is not in memory and its record says the background has
     /// nothing to do for it (the staleness guard is not due: see
-    /// [`Session::staleness_due`]), so that the guard's tick does not
+    /// [`trigger::staleness_due`]), so that the guard's tick does not
     /// load every guarded session the cache let go. NotFound when the
     /// store does not hold it.
     pub fn try_lock(&self, store: &Store, id: &str) -> Result<Option<SessionGuard>, ApiError> {
@@ -495,8 +497,7 @@ impl Sessions {
                 self.forget(id, &slot);
                 return Err(ApiError::SessionNotFound(id.to_owned()));
             };
-            let now = crate::broker::now_ms();
-            if !Session::new(record, Vec::new()).staleness_due(now) {
+            if !trigger::staleness_due(&record, crate::broker::now_ms()) {
                 // Not loaded; the empty slot leaves the registry unless a
                 // request is already waiting for it.
                 drop(guard);
@@ -520,12 +521,6 @@ impl Sessions {
             .values()
             .filter(|entry| entry.bytes > 0 || Arc::strong_count(&entry.slot) > 1)
             .count()
-    }
-
-    /// The estimated bytes of the sessions held in memory, as of the end of
-    /// their last turns.
-    pub fn resident_bytes(&self) -> u64 {
-        lock(&self.registry).bytes
     }
 }
 

@@ -21,7 +21,7 @@ use tracing::info;
 
 use crate::broker::Broker;
 use crate::config::Limits;
-use crate::convert::{config_to_pb, session_to_pb};
+use crate::convert::session_to_pb;
 use crate::error::{ApiError, BadField};
 use crate::validate;
 
@@ -138,20 +138,13 @@ pub async fn import_session(
 fn fits_here(record: &SessionRecord, limits: &Limits) -> Result<(), ApiError> {
     let mut bad = Vec::new();
     let field = "snapshot.body";
-    match validate::update_config(&record.config, &config_to_pb(&record.config), limits) {
-        Ok(_) => {}
-        Err(ApiError::InvalidArgument(fields)) => {
-            bad.extend(fields.into_iter().map(|f| {
-                BadField::new(
-                    field,
-                    format!(
-                        "the session's {} is refused by this server: {}",
-                        f.field, f.description
-                    ),
-                )
-            }));
-        }
-        Err(other) => return Err(other),
+    validate::config(&mut record.config.clone(), limits, &mut bad);
+    for f in &mut bad {
+        f.description = format!(
+            "the session's {} is refused by this server: {}",
+            f.field, f.description
+        );
+        f.field = field.into();
     }
     let budget = u64::from(record.config.budget_tokens());
     if record.live_tokens > budget {

@@ -8,6 +8,7 @@ use ctxbroker_core::config::{
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 
+use crate::broker::TurnSpan;
 use crate::config::Limits;
 use crate::convert::workload_from_pb;
 use crate::error::{ApiError, BadField};
@@ -194,7 +195,15 @@ fn merge(
             protected_fraction: t.protected_fraction,
         };
     }
+    config(&mut c, limits, &mut bad);
+    finish(bad)?;
+    Ok(c)
+}
 
+/// Checks an effective configuration against the server's limits and the
+/// policy's rules, adding to `bad` (checks that need the others to pass
+/// run only when `bad` is empty so far).
+pub fn config(c: &mut SessionConfig, limits: &Limits, bad: &mut Vec<BadField>) {
     if c.window_tokens > limits.max_window_tokens {
         bad.push(BadField::new(
             "config.window_tokens",
@@ -221,52 +230,31 @@ fn merge(
             ),
         ));
     }
-    if bad.is_empty() && c.trigger == TriggerPolicy::TimeBased {
-        time_based(&mut c, &mut bad);
+    if bad.is_empty()
+        && c.trigger == TriggerPolicy::TimeBased
+        && let Err(v) = trigger::time_based(c)
+    {
+        bad.push(BadField::new(v.field, v.description));
     }
-    finish(bad)?;
-    Ok(c)
 }
 
-/// A cadence is accepted only for a declared workload under which it is
-/// sound. The workload's window, alpha and overhead are the session's own:
-/// given as 0 they are filled in, given otherwise they must match.
-fn time_based(c: &mut SessionConfig, bad: &mut Vec<BadField>) {
-    let Some(workload) = c.workload.as_mut() else {
-        bad.push(BadField::new(
-            "config.workload",
-            "is required with trigger TIME_BASED: declare the workload so its cadence can be checked",
-        ));
-        return;
-    };
-    if workload.window_tokens == 0 {
-        workload.window_tokens = c.window_tokens;
-    }
-    if workload.alpha == 0.0 {
-        workload.alpha = c.alpha;
-    }
-    if workload.reserved_overhead_tokens == 0 {
-        workload.reserved_overhead_tokens = c.reserved_overhead_tokens;
-    }
-    let mismatch = workload.window_tokens != c.window_tokens
-        || workload.alpha != c.alpha
-        || workload.reserved_overhead_tokens != c.reserved_overhead_tokens;
-    if mismatch {
-        bad.push(BadField::new(
-            "config.workload",
-            "window_tokens, alpha and reserved_overhead_tokens must be 0 or equal to the session's",
-        ));
-        return;
-    }
-    let assessment = trigger::assess(workload);
-    if !assessment.time_based_sound {
-        bad.push(BadField::new(
-            "config.trigger",
-            format!(
-                "TIME_BASED is unsound for the declared workload (use TOKEN_BUDGET or HYBRID): {}",
-                assessment.reasons.join("; ")
-            ),
-        ));
+/// A page size or length: 0 means the default; above the maximum is bad.
+pub fn bounded(
+    field: &str,
+    value: u32,
+    (default, max): (usize, usize),
+    bad: &mut Vec<BadField>,
+) -> usize {
+    match value as usize {
+        0 => default,
+        n if n > max => {
+            bad.push(BadField::new(
+                field,
+                format!("must be at most {max}; got {n}"),
+            ));
+            default
+        }
+        n => n,
     }
 }
 
@@ -422,26 +410,33 @@ fn idempotency_key(i: usize, spans: &[pb::SpanInput], bad: &mut Vec<BadField>) {
 /// the original does not satisfy could never be satisfied by a shorter
 /// form).
 pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec<BadField>) {
-    const MAX_TERMS: usize = 64;
-    const MAX_TERM_BYTES: usize = 256;
+    modality(field, p, bad);
+    required_terms(field, &p.required_terms, text, bad);
+}
+
+/// Checks a predicate's modality is a known value.
+pub fn modality(field: &str, p: &pb::Predicate, bad: &mut Vec<BadField>) {
     if pb::Modality::try_from(p.modality).is_err() {
         bad.push(BadField::new(
             format!("{field}.modality"),
             format!("unknown enum value {}", p.modality),
         ));
     }
-    if p.required_terms.len() > MAX_TERMS {
+}
+
+/// Checks a predicate's terms (see [`predicate_shape`]).
+pub fn required_terms(field: &str, terms: &[String], text: &str, bad: &mut Vec<BadField>) {
+    const MAX_TERMS: usize = 64;
+    const MAX_TERM_BYTES: usize = 256;
+    if terms.len() > MAX_TERMS {
         bad.push(BadField::new(
             format!("{field}.required_terms"),
-            format!(
-                "must hold at most {MAX_TERMS} terms; got {}",
-                p.required_terms.len()
-            ),
+            format!("must hold at most {MAX_TERMS} terms; got {}", terms.len()),
         ));
         return;
     }
     let lowered = text.to_lowercase();
-    for (j, term) in p.required_terms.iter().enumerate() {
+    for (j, term) in terms.iter().enumerate() {
         let name = format!("{field}.required_terms[{j}]");
         if term.trim().is_empty() {
             bad.push(BadField::new(name, "must not be empty"));
@@ -457,6 +452,30 @@ pub fn predicate_shape(field: &str, p: &pb::Predicate, text: &str, bad: &mut Vec
             ));
         }
     }
+}
+
+/// Checks a turn's token counts against its session's tokenizer: given,
+/// and positive, under CLIENT only.
+pub fn token_counts(spans: &[TurnSpan], tokenizer: TokenizerKind) -> Result<(), ApiError> {
+    let mut bad = Vec::new();
+    for (i, span) in spans.iter().enumerate() {
+        let field = format!("spans[{i}].token_count");
+        match (tokenizer, span.token_count) {
+            (TokenizerKind::Client, None) => bad.push(BadField::new(
+                field,
+                "is required: the session's tokenizer is CLIENT",
+            )),
+            (TokenizerKind::Client, Some(0)) => {
+                bad.push(BadField::new(field, "must be greater than 0"));
+            }
+            (TokenizerKind::Client, Some(_)) | (_, None) => {}
+            (_, Some(_)) => bad.push(BadField::new(
+                field,
+                "is only accepted when the session's tokenizer is CLIENT; the broker counts this session's tokens itself",
+            )),
+        }
+    }
+    finish(bad)
 }
 
 #[cfg(test)]

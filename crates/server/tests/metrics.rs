@@ -17,6 +17,7 @@ use ctxbroker_proto::v1::context_broker_server::ContextBroker;
 use ctxbroker_server::BuildInfo;
 use ctxbroker_server::broker::Broker;
 use ctxbroker_server::config::{Durability, Limits};
+use ctxbroker_server::convert;
 use ctxbroker_server::hub::{FeedEvent, FeedStart, Hub, MarkerFeed};
 use ctxbroker_server::metrics::{Metrics, Timed};
 use ctxbroker_server::service::BrokerService;
@@ -201,7 +202,10 @@ async fn a_watch_that_is_not_read_shows_its_lag_and_its_fall_back_to_the_log() {
         broker
             .admit(
                 "w",
-                vec![tool(format!("run {turn}: {}", "linker output ".repeat(12)))],
+                convert::turn_from_pb(vec![tool(format!(
+                    "run {turn}: {}",
+                    "linker output ".repeat(12)
+                ))]),
             )
             .await
             .unwrap();
@@ -256,7 +260,10 @@ async fn only_the_top_sessions_are_named_most_live_first() {
             .unwrap();
         for turn in 0..=i {
             broker
-                .admit(id, vec![tool(format!("{id} {turn}: some text"))])
+                .admit(
+                    id,
+                    convert::turn_from_pb(vec![tool(format!("{id} {turn}: some text"))]),
+                )
                 .await
                 .unwrap();
         }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use ctxbroker_core::config::SessionConfig;
 use ctxbroker_proto::v1 as pb;
-use ctxbroker_server::broker::Broker;
+use ctxbroker_server::broker::{Broker, TurnSpan};
 use ctxbroker_server::config::Limits;
+use ctxbroker_server::convert;
 use ctxbroker_store::{Store, StoreOptions};
 
 fn broker(dir: &std::path::Path, cache_bytes: u64) -> Broker {
@@ -21,7 +22,11 @@ fn broker(dir: &std::path::Path, cache_bytes: u64) -> Broker {
     )
 }
 
-fn turn(session: usize, turn: usize) -> Vec<pb::SpanInput> {
+fn turn(session: usize, turn: usize) -> Vec<TurnSpan> {
+    convert::turn_from_pb(wire_turn(session, turn))
+}
+
+fn wire_turn(session: usize, turn: usize) -> Vec<pb::SpanInput> {
     let mut spans = vec![pb::SpanInput {
         role: pb::Role::Tool as i32,
         text: format!(
