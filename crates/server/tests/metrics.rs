@@ -539,7 +539,10 @@ async fn the_exposition_exports_exactly_the_known_families() {
         .await
         .unwrap();
     broker
-        .admit("g", vec![tool("a short tool output".into())])
+        .admit(
+            "g",
+            convert::turn_from_pb(vec![tool("a short tool output".into())]),
+        )
         .await
         .unwrap();
     let feed = MarkerFeed::open(&hub, store.clone(), FeedStart::Now, None).unwrap();
