@@ -4,13 +4,13 @@
 
 use super::markers::Committing;
 use super::{Change, Session};
-use crate::config::{SessionMode, TriggerPolicy};
 use crate::marker::CompactionTrigger;
 use crate::plan::{Eviction, EvictionReason, Plan};
 use crate::planner::{self, PlanInput, SummaryRoom, SummarySlot};
 use crate::relevance;
 use crate::span::{Span, SpanClass};
 use crate::tokens::TokenCounter;
+use crate::trigger;
 use crate::verify::verify_refs;
 
 impl Session {
@@ -25,7 +25,7 @@ impl Session {
     ///
     /// [`SessionConfig::soft_target_tokens`]: crate::config::SessionConfig::soft_target_tokens
     pub fn soft_compaction(&self, now_ms: u64, counter: &dyn TokenCounter) -> Option<Change> {
-        if !self.compacts_on_its_own() {
+        if !trigger::compacts_on_its_own(&self.record) {
             return None;
         }
         let config = &self.record.config;
@@ -63,24 +63,10 @@ impl Session {
         )
     }
 
-    /// Whether the staleness guard is due (HYBRID and TIME_BASED): the
-    /// session compacts on its own, admitted something since its last
-    /// compaction, and one staleness interval has passed since that
-    /// compaction (or since its creation). An idle session is never due,
-    /// however long it sits.
+    /// Whether the staleness guard is due ([`crate::trigger::staleness_due`]).
+    /// An idle session is never due, however long it sits.
     pub fn staleness_due(&self, now_ms: u64) -> bool {
-        let config = &self.record.config;
-        let interval = config.staleness_interval_ms;
-        matches!(
-            config.trigger,
-            TriggerPolicy::Hybrid | TriggerPolicy::TimeBased
-        ) && interval > 0
-            && self.compacts_on_its_own()
-            && now_ms.saturating_sub(
-                self.record
-                    .last_compaction_ms
-                    .max(self.record.created_at_ms),
-            ) >= interval
+        trigger::staleness_due(&self.record, now_ms)
     }
 
     /// The staleness compaction (trigger STALENESS), when due: evicts the
@@ -164,15 +150,6 @@ impl Session {
             plan.tokens_after
         );
         self.background(plan, CompactionTrigger::Staleness, detail, now_ms, counter)
-    }
-
-    /// Whether automatic compaction may run now: the session is in AUTO
-    /// mode, no unclassified span has suspended it, and it admitted
-    /// something since its last compaction (invariant 7).
-    fn compacts_on_its_own(&self) -> bool {
-        self.record.config.mode == SessionMode::Auto
-            && !self.record.approval_required
-            && self.record.turns > self.record.last_compaction_turn
     }
 
     /// A background compaction's change, when its plan is worth
