@@ -442,12 +442,6 @@ fn explain(model: &Model, text: &str, system_role: bool) -> String {
     out
 }
 
-/// Trains on the training split with the default options.
-pub fn train_model(dir: &Path) -> Result<Model, Failure> {
-    let spans = load(dir, "train")?;
-    Ok(train(&examples(&spans)?, &TrainOptions::default()))
-}
-
 /// Whether two models are the same to the precision the source keeps.
 pub fn same_model(a: &Model, b: &Model) -> bool {
     let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * (1.0 + x.abs().max(y.abs()));
