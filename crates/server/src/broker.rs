@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
 
+use crate::blocking;
 use crate::config::Limits;
 use crate::error::{ApiError, BadField, Escalation, Refused};
 use crate::scheduler::Scheduler;
@@ -158,8 +159,12 @@ fn write_op(change: &Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, Api
 }
 
 impl Broker {
-    /// A broker over an open store.
+    /// A broker over an open store. Debug builds arm the store's check
+    /// that no read runs on an async worker (see [`blocking`]).
     pub fn new(store: Store, limits: Limits) -> Self {
+        if cfg!(debug_assertions) {
+            store.check_reads_off_workers();
+        }
         let session_count = AtomicU64::new(store.session_count());
         Broker {
             store,
@@ -332,12 +337,15 @@ impl Broker {
     }
 
     /// Sessions in id order after `after`, at most `limit`.
-    pub fn list_sessions(
+    pub async fn list_sessions(
         &self,
-        after: Option<&str>,
+        after: Option<String>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>, ApiError> {
-        Ok(self.store.sessions(after, limit)?)
+        blocking::read(&self.store, move |store| {
+            store.sessions(after.as_deref(), limit)
+        })
+        .await
     }
 
     /// Changes a session's configuration to what `update` makes of the
@@ -453,7 +461,9 @@ impl Broker {
                 state: SpanState::Live,
             });
         }
-        match self.store.span(id, span_id)? {
+        let owned = id.to_owned();
+        let stored = blocking::read(&self.store, move |store| store.span(&owned, span_id));
+        match stored.await? {
             Some(stored) => Ok(stored),
             None => Err(ApiError::SpanNotFound {
                 session_id: id.to_owned(),
@@ -467,7 +477,7 @@ impl Broker {
     /// session's mode), the decision, the write and the memory update
     /// happen within it.
     pub async fn admit(&self, id: &str, inputs: Vec<TurnSpan>) -> Result<Admitted, ApiError> {
-        let tokenizer = self.sessions.tokenizer(&self.store, id)?;
+        let tokenizer = self.sessions.tokenizer(&self.store, id).await?;
         let keys: Vec<String> = inputs
             .iter()
             .map(|input| input.idempotency_key.clone())
@@ -493,7 +503,7 @@ impl Broker {
                 span.tokens = counter.count(&span.text);
             }
         }
-        if keyed && let Some(replay) = self.replay(&loaded, &incoming, &keys)? {
+        if keyed && let Some(replay) = self.replay(&loaded, &incoming, &keys).await? {
             info!(
                 session_id = id,
                 turn = replay.turn,
@@ -542,14 +552,16 @@ impl Broker {
     /// and text, in the same order, as one turn. `None` when no key was
     /// admitted before; INVALID_ARGUMENT, naming each key, when some were
     /// and the turn is not exactly their retry.
-    fn replay(
+    async fn replay(
         &self,
         loaded: &Loaded,
         incoming: &[Incoming],
         keys: &[String],
     ) -> Result<Option<Admitted>, ApiError> {
-        let id = loaded.session.record.id.as_str();
-        let found = self.store.spans_by_keys(id, keys)?;
+        let id = loaded.session.record.id.clone();
+        let keys = keys.to_vec();
+        let found =
+            blocking::read(&self.store, move |store| store.spans_by_keys(&id, &keys)).await?;
         if found.iter().all(Option::is_none) {
             return Ok(None);
         }

@@ -14,6 +14,7 @@ use ctxbroker_core::Marker;
 use ctxbroker_store::Store;
 use tokio::sync::broadcast;
 
+use crate::blocking;
 use crate::error::ApiError;
 use crate::metrics::WatcherProbe;
 
@@ -192,13 +193,13 @@ impl MarkerFeed {
             .is_none_or(|ids| ids.contains(&marker.session_id))
     }
 
-    /// Reads the log from `next` up to the committed head into the
-    /// backlog. Returns whether anything was read.
-    fn replay_step(&mut self) -> Result<bool, FeedEnd> {
-        let batch = self
-            .store
-            .markers(self.next, REPLAY_BATCH)
-            .map_err(|err| FeedEnd::Store(err.into()))?;
+    /// Reads a batch of the log from `next` (off the async workers) into
+    /// the backlog. Returns whether anything was read.
+    async fn replay_step(&mut self) -> Result<bool, FeedEnd> {
+        let from = self.next;
+        let batch = blocking::read(&self.store, move |store| store.markers(from, REPLAY_BATCH))
+            .await
+            .map_err(FeedEnd::Store)?;
         let Some(first) = batch.first() else {
             return Ok(false);
         };
@@ -224,8 +225,8 @@ impl MarkerFeed {
         Ok(true)
     }
 
-    /// The next event. Cancel-safe: all state lives in the feed and the
-    /// only await is the ring's `recv`.
+    /// The next event. Cancel-safe: all state lives in the feed, and a log
+    /// read dropped before it returns leaves the feed as it was.
     pub async fn next_event(&mut self) -> Result<FeedEvent, FeedEnd> {
         loop {
             if let Some(probe) = &self.probe {
@@ -235,7 +236,7 @@ impl MarkerFeed {
                 return Ok(FeedEvent::Marker(marker));
             }
             if !self.live {
-                if self.replay_step()? {
+                if self.replay_step().await? {
                     continue;
                 }
                 self.live = true;

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, info_span, warn};
 
+use crate::blocking;
 use crate::broker::{Broker, now_ms};
 use crate::error::ApiError;
 use crate::sessions::{Loaded, lock};
@@ -61,12 +62,17 @@ impl Scheduler {
         }
     }
 
-    /// Seeds the staleness guard's set from the store, a page at a time.
+    /// Seeds the staleness guard's set from the store, a page at a time,
+    /// each read off the async workers.
     async fn seed(&self, broker: &Broker) {
         const PAGE: usize = 512;
         let mut after: Option<String> = None;
         loop {
-            let page = match broker.store().sessions(after.as_deref(), PAGE) {
+            let from = after.take();
+            let read = blocking::read(broker.store(), move |store| {
+                store.sessions(from.as_deref(), PAGE)
+            });
+            let page = match read.await {
                 Ok(page) => page,
                 Err(err) => {
                     warn!(%err, "listing sessions for the staleness guard failed");
@@ -80,7 +86,6 @@ impl Scheduler {
                 Some(last) if page.len() == PAGE => after = Some(last.id.clone()),
                 _ => return,
             }
-            tokio::task::yield_now().await;
         }
     }
 
@@ -127,7 +132,7 @@ impl Scheduler {
         let ids: Vec<String> = lock(&self.guarded).iter().cloned().collect();
         for id in ids {
             // Never queue behind a request: a busy session is not stale.
-            let mut loaded = match broker.sessions.try_lock(broker.store(), &id) {
+            let mut loaded = match broker.sessions.try_lock(broker.store(), &id).await {
                 Ok(Some(loaded)) => loaded,
                 Ok(None) => continue,
                 Err(ApiError::SessionNotFound(_)) => {

@@ -9,6 +9,7 @@ use ctxbroker_core::search::{self, SpanFilter, Standing};
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{SearchQuery, Store};
 
+use crate::blocking;
 use crate::convert::{class_from_pb, role_from_pb, span_hit};
 use crate::error::{ApiError, BadField};
 use crate::validate;
@@ -182,9 +183,8 @@ pub async fn run_search(
     session: &str,
     request: Search,
 ) -> Result<pb::SearchSpansResponse, ApiError> {
-    let store = store.clone();
     let session = session.to_owned();
-    off_workers("search", move || {
+    blocking::read(store, move |store| {
         let page = store.search(&session, &request.query)?;
         let hits: Vec<pb::SpanHit> = page
             .hits
@@ -205,7 +205,7 @@ pub async fn run_search(
         } else {
             String::new()
         };
-        Ok(pb::SearchSpansResponse {
+        Ok::<_, ApiError>(pb::SearchSpansResponse {
             hits,
             next_page_token,
             matched: page.matched,
@@ -220,9 +220,8 @@ pub async fn run_listing(
     session: &str,
     request: Listing,
 ) -> Result<pb::ListSpansResponse, ApiError> {
-    let store = store.clone();
     let session = session.to_owned();
-    off_workers("listing", move || {
+    blocking::read(store, move |store| {
         let listing = store.list_spans(&session, &request.filter, request.after, request.limit)?;
         let spans: Vec<pb::SpanHit> = listing
             .spans
@@ -236,23 +235,12 @@ pub async fn run_listing(
             (true, Some(last)) => format!("a{}", last.span_id),
             _ => String::new(),
         };
-        Ok(pb::ListSpansResponse {
+        Ok::<_, ApiError>(pb::ListSpansResponse {
             spans,
             next_page_token,
         })
     })
     .await
-}
-
-/// Runs store reads and their answer on the blocking pool, so that walking
-/// the engine never holds an async worker.
-async fn off_workers<T: Send + 'static>(
-    what: &str,
-    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| ApiError::Internal(format!("the {what} task failed: {err}")))?
 }
 
 #[cfg(test)]

@@ -322,9 +322,9 @@ impl ContextBroker for BrokerService {
                     ))
                 },
             )?;
-            Some(req.page_token.as_str())
+            Some(req.page_token)
         };
-        let mut records = self.broker.list_sessions(after, page + 1)?;
+        let mut records = self.broker.list_sessions(after, page + 1).await?;
         let next_page_token = if records.len() > page {
             records.truncate(page);
             records.last().map(|r| r.id.clone()).unwrap_or_default()

@@ -26,6 +26,7 @@ use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
+use crate::blocking;
 use crate::error::ApiError;
 
 /// The default of `session_cache_bytes`: 64 MiB of idle sessions, about a
@@ -372,7 +373,7 @@ impl Sessions {
     /// Loads the session into its held slot when the slot is empty or
     /// stale. False when the store does not hold it (the slot is then
     /// emptied; the caller releases and forgets it).
-    fn fill(
+    async fn fill(
         &self,
         store: &Store,
         id: &str,
@@ -381,7 +382,7 @@ impl Sessions {
         if guard.as_ref().is_some_and(|l| !l.stale) {
             return Ok(true);
         }
-        **guard = load(store, id)?;
+        **guard = load(store, id).await?;
         Ok(guard.is_some())
     }
 
@@ -416,7 +417,7 @@ impl Sessions {
                 self.forget(id, &slot);
                 continue;
             }
-            if !self.fill(store, id, &mut guard)? {
+            if !self.fill(store, id, &mut guard).await? {
                 drop(guard);
                 self.forget(id, &slot);
                 return Err(ApiError::SessionNotFound(id.to_owned()));
@@ -450,13 +451,14 @@ impl Sessions {
     /// memory, or one point read of the store. NotFound when the session
     /// does not exist. A session deleted and created again meanwhile may
     /// have another; the caller checks again under the lock.
-    pub fn tokenizer(&self, store: &Store, id: &str) -> Result<TokenizerKind, ApiError> {
+    pub async fn tokenizer(&self, store: &Store, id: &str) -> Result<TokenizerKind, ApiError> {
         let known = lock(&self.tokenizers).get(id).copied();
         if let Some(kind) = known {
             return Ok(kind);
         }
-        let record = store
-            .session(id)?
+        let owned = id.to_owned();
+        let record = blocking::read(store, move |store| store.session(&owned))
+            .await?
             .ok_or_else(|| ApiError::SessionNotFound(id.to_owned()))?;
         let kind = record.config.tokenizer;
         self.remember_tokenizer(id, kind);
@@ -483,7 +485,11 @@ impl Sessions {
     /// [`trigger::staleness_due`]), so that the guard's tick does not
     /// load every guarded session the cache let go. NotFound when the
     /// store does not hold it.
-    pub fn try_lock(&self, store: &Store, id: &str) -> Result<Option<SessionGuard>, ApiError> {
+    pub async fn try_lock(
+        &self,
+        store: &Store,
+        id: &str,
+    ) -> Result<Option<SessionGuard>, ApiError> {
         let slot = self.slot(id);
         let Ok(mut guard) = slot.clone().try_lock_owned() else {
             return Ok(None);
@@ -492,7 +498,9 @@ impl Sessions {
             return Ok(None);
         }
         if guard.is_none() {
-            let Some(record) = store.session(id)? else {
+            let owned = id.to_owned();
+            let Some(record) = blocking::read(store, move |store| store.session(&owned)).await?
+            else {
                 drop(guard);
                 self.forget(id, &slot);
                 return Err(ApiError::SessionNotFound(id.to_owned()));
@@ -505,7 +513,7 @@ impl Sessions {
                 return Ok(None);
             }
         }
-        if !self.fill(store, id, &mut guard)? {
+        if !self.fill(store, id, &mut guard).await? {
             drop(guard);
             self.forget(id, &slot);
             return Err(ApiError::SessionNotFound(id.to_owned()));
@@ -524,10 +532,15 @@ impl Sessions {
     }
 }
 
-fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
-    let Some(record) = store.session(id)? else {
-        return Ok(None);
-    };
-    let spans = store.live_spans(id)?;
-    Ok(Some(Loaded::new(Session::new(record, spans))))
+/// The session as the store holds it, read off the async workers.
+async fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
+    let id = id.to_owned();
+    blocking::read(store, move |store| -> Result<_, ApiError> {
+        let Some(record) = store.session(&id)? else {
+            return Ok(None);
+        };
+        let spans = store.live_spans(&id)?;
+        Ok(Some(Loaded::new(Session::new(record, spans))))
+    })
+    .await
 }

@@ -19,6 +19,7 @@ use prost::Message;
 use tonic::Status;
 use tracing::info;
 
+use crate::blocking;
 use crate::broker::Broker;
 use crate::config::Limits;
 use crate::convert::session_to_pb;
@@ -38,13 +39,9 @@ pub async fn export_session(
 ) -> Result<pb::ExportSessionResponse, Status> {
     validate::session_id("session_id", &req.session_id, broker.limits())
         .map_err(validate::single)?;
-    let store = broker.store().clone();
     let id = req.session_id.clone();
     // A large session is read and encoded off the runtime's workers.
-    let exported = tokio::task::spawn_blocking(move || store.export_session(&id))
-        .await
-        .map_err(|err| ApiError::Internal(format!("the export task failed: {err}")))?
-        .map_err(ApiError::from)?;
+    let exported = blocking::read(broker.store(), move |store| store.export_session(&id)).await?;
     let snapshot = pb::SessionSnapshot {
         format_version: exported.format_version,
         session_id: exported.session_id,

@@ -59,8 +59,12 @@ fn value(text: &str, series: &str) -> Option<f64> {
         .map(|v| v.parse().unwrap())
 }
 
+/// The exposition, rendered off the runtime as the endpoint renders it
+/// (a scrape reads the store).
 fn render(metrics: &Metrics, store: &Store) -> String {
-    metrics.render(store).unwrap()
+    std::thread::scope(|scope| scope.spawn(|| metrics.render(store)).join())
+        .unwrap()
+        .unwrap()
 }
 
 fn tool(text: String) -> pb::SpanInput {

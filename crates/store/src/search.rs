@@ -66,6 +66,7 @@ impl Store {
     /// Ranks a session's spans, live and archived, against the query's
     /// terms, and returns the page of kept hits the query asks for.
     pub fn search(&self, session: &str, query: &SearchQuery) -> Result<SearchPage, StoreError> {
+        self.reading("search");
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;
@@ -124,6 +125,7 @@ impl Store {
         after: Option<SpanId>,
         limit: usize,
     ) -> Result<SpanListing, StoreError> {
+        self.reading("list_spans");
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;

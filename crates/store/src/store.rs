@@ -1,9 +1,10 @@
 //! The store's handle: opening, reading, queueing writes, closing.
 
+use std::cell::Cell;
 use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -35,6 +36,13 @@ struct Inner {
     queue: mpsc::Sender<Msg>,
     /// Taken by the first `close`, which joins it.
     writer: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
+    /// Set by [`Store::check_reads_off_workers`].
+    checked: AtomicBool,
+}
+
+thread_local! {
+    /// Set while the thread runs [`Store::off_workers`].
+    static OFF_WORKERS: Cell<bool> = const { Cell::new(false) };
 }
 
 impl fmt::Debug for Store {
@@ -154,6 +162,7 @@ impl Store {
                 shared,
                 queue,
                 writer: Mutex::new(Some(handle)),
+                checked: AtomicBool::new(false),
             }),
         })
     }
@@ -184,8 +193,45 @@ impl Store {
         outcome.await.map_err(|_| StoreError::Closed)?
     }
 
+    /// Runs `f`, whose store reads the caller has put off the async
+    /// workers (on a blocking pool, or on a thread of its own), as such for
+    /// [`Store::check_reads_off_workers`].
+    pub fn off_workers<T>(f: impl FnOnce() -> T) -> T {
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                OFF_WORKERS.set(self.0);
+            }
+        }
+        let _restore = Restore(OFF_WORKERS.replace(true));
+        f()
+    }
+
+    /// From now on, every read of this store that may touch the disk (all
+    /// but the counters kept in memory) panics when it runs inside a tokio
+    /// runtime but outside [`Store::off_workers`]: there it could block an
+    /// async worker on the disk. A check for debug builds and tests, which
+    /// costs a release build one relaxed load a read. (tokio cannot tell a
+    /// worker from a thread of its blocking pool: both run inside the
+    /// runtime, so whoever puts reads on the pool marks them.)
+    pub fn check_reads_off_workers(&self) {
+        self.inner.checked.store(true, Ordering::Relaxed);
+    }
+
+    /// The check of [`Store::check_reads_off_workers`], at the start of
+    /// every read that may touch the disk.
+    pub(crate) fn reading(&self, what: &str) {
+        if self.inner.checked.load(Ordering::Relaxed)
+            && !OFF_WORKERS.get()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            panic!("Store::{what} read on an async worker: run it off the workers");
+        }
+    }
+
     /// A session's record, if it exists.
     pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        self.reading("session");
         keys::check_session_id(id)?;
         let key = keys::session_key(id);
         match get_counted(&self.inner.trees.sessions, &key)? {
@@ -201,6 +247,7 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>, StoreError> {
+        self.reading("sessions");
         let start = match after {
             Some(after) => Bound::Excluded(keys::session_key(after)),
             None => Bound::Unbounded,
@@ -227,6 +274,7 @@ impl Store {
 
     /// A session's live context, in prompt order (by position).
     pub fn live_spans(&self, id: &str) -> Result<Vec<Span>, StoreError> {
+        self.reading("live_spans");
         keys::check_session_id(id)?;
         let _snapshot = self.snapshot();
         self.require_session(id)?;
@@ -242,6 +290,7 @@ impl Store {
 
     /// One span of a session by id, live or archived.
     pub fn span(&self, session: &str, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
+        self.reading("span");
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;
@@ -261,6 +310,7 @@ impl Store {
         session: &str,
         idempotency_keys: &[String],
     ) -> Result<Vec<Option<StoredSpan>>, StoreError> {
+        self.reading("spans_by_keys");
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;
@@ -290,6 +340,7 @@ impl Store {
     /// A session's pin set: its live constraints and their predicates, in
     /// span id order.
     pub fn pins(&self, session: &str) -> Result<Vec<Pin>, StoreError> {
+        self.reading("pins");
         keys::check_session_id(session)?;
         let _snapshot = self.snapshot();
         self.require_session(session)?;
@@ -311,6 +362,7 @@ impl Store {
     /// `from_seq` (or from 1, for 0) are no longer all retained, so that a
     /// reader can never skip one silently.
     pub fn markers(&self, from_seq: u64, limit: usize) -> Result<Vec<Marker>, StoreError> {
+        self.reading("markers");
         let bounds = self.inner.shared.bounds();
         let start = from_seq.max(1);
         let trimmed = |oldest: u64| StoreError::MarkersTrimmed { from_seq, oldest };

@@ -414,6 +414,7 @@ impl Store {
     /// Blocks the writer only while the raw records are copied; run it off
     /// the async runtime's workers for large sessions.
     pub fn export_session(&self, id: &str) -> Result<SessionExport, StoreError> {
+        self.reading("export_session");
         keys::check_session_id(id)?;
         let records = self.session_records(id)?;
         let mut exported = None;

@@ -109,7 +109,7 @@ async fn exposition(State(endpoint): State<Endpoint>) -> Response {
     let _turn = metrics.scrape.lock().await;
     let rendered = {
         let metrics = metrics.clone();
-        tokio::task::spawn_blocking(move || metrics.render(&store)).await
+        tokio::task::spawn_blocking(move || Store::off_workers(|| metrics.render(&store))).await
     };
     let failed = match rendered {
         Ok(Ok(text)) => {
