@@ -13,7 +13,8 @@ fn repo() -> PathBuf {
 }
 
 fn doc() -> String {
-    fs::read_to_string(repo().join("docs/architecture.md")).expect("docs/architecture.md")
+    let path = repo().join("docs/architecture.md");
+    fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
 
 /// The words in backticks of a table cell.
@@ -51,8 +52,9 @@ fn module_exists(dir: &Path, name: &str) -> bool {
 /// and test files, and its subdirectories with a `mod.rs`.
 fn modules(dir: &Path) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    for entry in fs::read_dir(dir).expect("a source directory") {
-        let path = entry.expect("an entry").path();
+    let entries = fs::read_dir(dir).unwrap_or_else(|err| panic!("{}: {err}", dir.display()));
+    for entry in entries.flatten() {
+        let path = entry.path();
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         if path.is_dir() && path.join("mod.rs").is_file() {
             found.insert(format!("{name}/"));
