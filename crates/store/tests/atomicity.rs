@@ -8,10 +8,8 @@ mod support;
 use ctxbroker_core::SpanId;
 use ctxbroker_core::marker::Outcome;
 use ctxbroker_core::span::SpanClass;
-use ctxbroker_store::{
-    AdmitWrite, MarkerBounds, SpanState, Store, StoreError, StoreOptions, WriteOp,
-};
-use support::{Session, constraint, span, tempdir};
+use ctxbroker_store::{Change, MarkerBounds, SpanState, Store, StoreError, StoreOptions, WriteOp};
+use support::{Session, change, constraint, span, tempdir, write};
 
 fn ids(spans: &[ctxbroker_core::Span]) -> Vec<SpanId> {
     spans.iter().map(|s| s.id).collect()
@@ -143,20 +141,28 @@ async fn writes_that_do_not_fit_the_stored_state_are_refused_whole() {
     // Rewriting a span at a position it does not hold.
     let mut moved = span(5, "moved");
     moved.position = 6;
-    let op = WriteOp::Rewrite {
-        expected_revision: s.record.revision,
-        record: s.record.clone(),
-        spans: vec![moved],
-    };
+    let op = write(
+        Change {
+            replace: vec![moved],
+            ..change(s.record.revision, s.record.clone())
+        },
+        vec![],
+    );
     assert!(invalid(store.write(op).await));
     // A marker whose session_seq disagrees with the record.
     let mut t = s.clone();
     let mut op = t.abort();
-    if let WriteOp::Abort { marker, .. } = &mut op {
+    if let WriteOp::Change {
+        change: Change {
+            marker: Some(marker),
+            ..
+        },
+        ..
+    } = &mut op
+    {
         marker.session_seq += 1;
     }
     assert!(invalid(store.write(op).await));
-
     check_compacted(&store, &s, &summary);
     assert_eq!(store.stats().rejected, 5);
 }
@@ -173,11 +179,13 @@ async fn rewrite_moves_spans_in_and_out_of_the_pin_set() {
     let pin = |s: &mut Session, spans| {
         let expected_revision = s.record.revision;
         s.record.revision += 1;
-        WriteOp::Rewrite {
-            expected_revision,
-            record: s.record.clone(),
-            spans,
-        }
+        write(
+            Change {
+                replace: spans,
+                ..change(expected_revision, s.record.clone())
+            },
+            vec![],
+        )
     };
     let op = pin(&mut s, vec![constraint(3, "only touch staging")]);
     store.write(op).await.unwrap();
@@ -203,13 +211,13 @@ async fn an_admission_without_compaction_writes_no_marker() {
     s.record.revision += 1;
     s.record.next_span_id = 4;
     let ack = store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision,
-            record: s.record.clone(),
-            append: spans,
-            compaction: None,
-            keys: Vec::new(),
-        }))
+        .write(write(
+            Change {
+                append: spans,
+                ..change(expected_revision, s.record.clone())
+            },
+            vec![],
+        ))
         .await
         .unwrap();
     assert_eq!(ack.marker_seq, None);
