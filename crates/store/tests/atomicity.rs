@@ -163,8 +163,31 @@ async fn writes_that_do_not_fit_the_stored_state_are_refused_whole() {
         marker.session_seq += 1;
     }
     assert!(invalid(store.write(op).await));
+    // Evicting without a marker; rewriting alongside an admission without
+    // one; an ABORTED marker that also evicts.
+    let marker_refused = |r: Result<_, StoreError>| matches!(r, Err(StoreError::InvalidWrite { detail, .. }) if detail.contains("marker"));
+    let evicting = Change {
+        evict: vec![5],
+        ..change(s.record.revision, s.record.clone())
+    };
+    assert!(marker_refused(store.write(write(evicting, vec![])).await));
+    let mut t = s.clone();
+    let append = t.next_spans(1);
+    t.record.next_span_id += 1;
+    let rewriting = Change {
+        replace: vec![span(5, "rewritten")],
+        append,
+        ..change(s.record.revision, t.record)
+    };
+    assert!(marker_refused(store.write(write(rewriting, vec![])).await));
+    let mut op = s.clone().abort();
+    if let WriteOp::Change { change, .. } = &mut op {
+        change.evict = vec![5];
+    }
+    assert!(marker_refused(store.write(op).await));
+
     check_compacted(&store, &s, &summary);
-    assert_eq!(store.stats().rejected, 5);
+    assert_eq!(store.stats().rejected, 8);
 }
 
 #[tokio::test]
