@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
 use ctxbroker_core::search::{self, SpanFilter, TermVector, codec};
-use ctxbroker_core::session::SessionRecord;
+use ctxbroker_core::session::{Change, SessionRecord};
 use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
 use ctxbroker_core::tokens;
-use ctxbroker_store::{AdmitWrite, SearchQuery, Store, StoreOptions, WriteOp};
+use ctxbroker_store::{SearchQuery, Store, StoreOptions, WriteOp};
 
 use crate::common::{Failure, Rng, flags, median, percentile};
 use crate::storage::span_input;
@@ -210,13 +210,18 @@ async fn populate(store: &Store, texts: &[String], batch: usize) -> Result<(), F
         record.live_spans += spans.len() as u64;
         record.live_tokens += spans.iter().map(|s| u64::from(s.tokens)).sum::<u64>();
         store
-            .write(WriteOp::Admit(AdmitWrite {
-                expected_revision,
-                record: record.clone(),
-                append: spans,
-                compaction: None,
+            .write(WriteOp::Change {
+                change: Change {
+                    expected_revision,
+                    record: record.clone(),
+                    append: spans,
+                    evict: Vec::new(),
+                    summary: None,
+                    replace: Vec::new(),
+                    marker: None,
+                },
                 keys: Vec::new(),
-            }))
+            })
             .await?;
     }
     Ok(())

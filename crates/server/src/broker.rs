@@ -14,13 +14,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ctxbroker_core::admission::{self, CallerPredicate};
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
-use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
+use ctxbroker_core::marker::{CompactionTrigger, Marker};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
 use ctxbroker_core::span::{Role, SpanClass};
 use ctxbroker_core::{Span, SpanId, tokens};
-use ctxbroker_store::{AdmitWrite, CompactionWrite, SpanState, Store, StoredSpan, WriteOp};
+use ctxbroker_store::{SpanState, Store, StoredSpan, WriteOp};
 use tokio_util::sync::CancellationToken;
 use tracing::field::Empty;
 use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
@@ -106,58 +106,6 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The store write that carries a change, with the idempotency keys of
-/// the spans it admits.
-fn write_op(change: &Change, keys: Vec<(String, SpanId)>) -> Result<WriteOp, ApiError> {
-    let Change {
-        expected_revision,
-        record,
-        append,
-        evict,
-        summary,
-        replace,
-        marker,
-    } = change.clone();
-    Ok(match marker {
-        Some(marker) if marker.outcome == Outcome::Aborted => WriteOp::Abort {
-            session_id: record.id.clone(),
-            marker,
-            record,
-        },
-        Some(marker) => WriteOp::Admit(AdmitWrite {
-            expected_revision,
-            record,
-            append,
-            compaction: Some(CompactionWrite {
-                evict,
-                summary,
-                replace,
-                marker,
-            }),
-            keys,
-        }),
-        None if append.is_empty() && evict.is_empty() && summary.is_none() => WriteOp::Rewrite {
-            expected_revision,
-            record,
-            spans: replace,
-        },
-        None if evict.is_empty() && summary.is_none() && replace.is_empty() => {
-            WriteOp::Admit(AdmitWrite {
-                expected_revision,
-                record,
-                append,
-                compaction: None,
-                keys,
-            })
-        }
-        None => {
-            return Err(ApiError::Internal(
-                "a change that evicts or rewrites spans carries no marker".into(),
-            ));
-        }
-    })
-}
-
 impl Broker {
     /// A broker over an open store. Debug builds arm the store's check
     /// that no read runs on an async worker (see [`blocking`]).
@@ -202,8 +150,11 @@ impl Broker {
         keys: Vec<(String, SpanId)>,
     ) -> Result<Option<u64>, ApiError> {
         loaded.stale = true;
-        let op = write_op(change, keys)?;
-        let ack = self.store.write(op).await?;
+        let change_write = WriteOp::Change {
+            change: change.clone(),
+            keys,
+        };
+        let ack = self.store.write(change_write).await?;
         loaded.session.apply(change);
         loaded.stale = false;
         Ok(ack.marker_seq)

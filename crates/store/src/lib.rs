@@ -62,8 +62,8 @@ extern crate self as ctxbroker_store;
 
 pub use error::StoreError;
 pub use model::{
-    AdmitWrite, CommitHook, CompactionWrite, Durability, FlushObserver, MarkerBounds, Pin,
-    SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
+    Change, CommitHook, Durability, FlushObserver, MarkerBounds, Pin, SessionRecord, SpanState,
+    StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
 };
 pub use search::{SearchHit, SearchPage, SearchQuery, SpanListing};
 pub use store::Store;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-pub use ctxbroker_core::session::SessionRecord;
+pub use ctxbroker_core::session::{Change, SessionRecord};
 use ctxbroker_core::span::Predicate;
 use ctxbroker_core::{Marker, Span, SpanId};
 
@@ -66,64 +66,20 @@ pub enum WriteOp {
         /// The session.
         id: String,
     },
-    /// Admit a turn, with the compaction it needed, as one atomic write.
-    Admit(AdmitWrite),
-    /// Rewrite live spans in place (same id, same position) without a
-    /// compaction: marking a span as a constraint, changing its predicate.
-    /// The pin set follows each span's class.
-    Rewrite {
-        /// The revision the change was planned against.
-        expected_revision: u64,
-        /// The record after the change.
-        record: SessionRecord,
-        /// The spans as they are to be stored.
-        spans: Vec<Span>,
+    /// Write a session's [`Change`] as it is given, in one piece: evict
+    /// (archived under the marker's seq), insert the summary, rewrite
+    /// `replace` in place (the pin set follows each span's class), append
+    /// (ids must be new), then the marker (its `seq` assigned here) and the
+    /// record. Evicting, summarising, or rewriting alongside an append needs
+    /// a marker; an `ABORTED` marker must come alone, with the record only
+    /// moving its marker count.
+    Change {
+        /// The change, from the session's state machine.
+        change: Change,
+        /// The caller's idempotency keys of appended spans: (key, span
+        /// id). A key already stored for the session refuses the write.
+        keys: Vec<(String, SpanId)>,
     },
-    /// Record an `ABORTED` marker: the compaction failed verification and
-    /// nothing else changes except the record's marker counter.
-    Abort {
-        /// The session.
-        session_id: String,
-        /// The marker; its `seq` is assigned by the writer.
-        marker: Marker,
-        /// The record after the marker; its revision must equal the
-        /// stored one.
-        record: SessionRecord,
-    },
-}
-
-/// An admission: new spans, an optional compaction, and the record after
-/// both.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdmitWrite {
-    /// The revision the admission was planned against.
-    pub expected_revision: u64,
-    /// The record after the write (the caller computed counters and the
-    /// new revision).
-    pub record: SessionRecord,
-    /// New spans, stored at their `position`; ids must be new (at least
-    /// the stored `next_span_id`, below the record's).
-    pub append: Vec<Span>,
-    /// The compaction the admission needed, applied before `append`.
-    pub compaction: Option<CompactionWrite>,
-    /// The caller's idempotency keys of appended spans: (key, span id).
-    /// A key already stored for the session refuses the write.
-    pub keys: Vec<(String, SpanId)>,
-}
-
-/// A compaction's effect on the stored context.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CompactionWrite {
-    /// Live spans to move to the archive, marked as archived by this
-    /// compaction's marker.
-    pub evict: Vec<SpanId>,
-    /// The summary span to insert at its position.
-    pub summary: Option<Span>,
-    /// Live spans to rewrite in place (compressed constraints: same id,
-    /// same position).
-    pub replace: Vec<Span>,
-    /// The marker; its `seq` is assigned by the writer.
-    pub marker: Marker,
 }
 
 /// What the writer reports for an applied write.

@@ -9,7 +9,7 @@ pub(crate) mod support;
 use std::path::Path;
 use std::sync::RwLockReadGuard;
 
-use support::{Session, constraint, queue_in_order, wait_until};
+use support::{Session, change, constraint, queue_in_order, wait_until, write};
 
 use ctxbroker_core::marker::{CompactionTrigger, Outcome};
 use ctxbroker_core::span::{ClassSource, Classification, Role, SpanClass};
@@ -18,8 +18,8 @@ use ctxbroker_core::{Marker, SessionConfig, Span};
 use crate::keys::{self, TreeId};
 use crate::record;
 use crate::{
-    AdmitWrite, CompactionWrite, MarkerBounds, SessionRecord, SpanState, Store, StoreError,
-    StoreOptions, WriteAck, WriteOp,
+    Change, MarkerBounds, SessionRecord, SpanState, Store, StoreError, StoreOptions, WriteAck,
+    WriteOp,
 };
 
 fn record(id: &str, revision: u64, next_span_id: u64) -> SessionRecord {
@@ -94,31 +94,27 @@ async fn populated(dir: &Path) -> Store {
             .await
             .unwrap();
         store
-            .write(WriteOp::Admit(AdmitWrite {
-                expected_revision: 1,
-                record: record(id, 2, 4),
-                append: vec![span(1), span(2), span(3)],
-                compaction: None,
-                keys: Vec::new(),
-            }))
+            .write(write(
+                Change {
+                    append: vec![span(1), span(2), span(3)],
+                    ..change(1, record(id, 2, 4))
+                },
+                Vec::new(),
+            ))
             .await
             .unwrap();
     }
     let mut after = record("hurt", 3, 4);
     after.marker_count = 1;
     store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision: 2,
-            record: after,
-            append: vec![],
-            compaction: Some(CompactionWrite {
+        .write(write(
+            Change {
                 evict: vec![1],
-                summary: None,
-                replace: vec![],
-                marker: marker("hurt", 1),
-            }),
-            keys: Vec::new(),
-        }))
+                marker: Some(marker("hurt", 1)),
+                ..change(2, after)
+            },
+            Vec::new(),
+        ))
         .await
         .unwrap();
     store
@@ -185,18 +181,14 @@ async fn a_damaged_span_is_reported_not_served() {
     // nothing.
     let mut after = record("hurt", 4, 4);
     after.marker_count = 2;
-    let evict_damaged = WriteOp::Admit(AdmitWrite {
-        expected_revision: 3,
-        record: after,
-        append: vec![],
-        compaction: Some(CompactionWrite {
+    let evict_damaged = write(
+        Change {
             evict: vec![2],
-            summary: None,
-            replace: vec![],
-            marker: marker("hurt", 2),
-        }),
-        keys: Vec::new(),
-    });
+            marker: Some(marker("hurt", 2)),
+            ..change(3, after)
+        },
+        Vec::new(),
+    );
     assert_corrupt(
         store.write(evict_damaged).await,
         "spans",
@@ -458,13 +450,13 @@ async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_go
         .await
         .unwrap();
     store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision: 1,
-            record: record("k", 2, 3),
-            append: vec![span(1), span(2)],
-            compaction: None,
-            keys: vec![("turn-1/a".into(), 1), ("turn-1/b".into(), 2)],
-        }))
+        .write(write(
+            Change {
+                append: vec![span(1), span(2)],
+                ..change(1, record("k", 2, 3))
+            },
+            vec![("turn-1/a".into(), 1), ("turn-1/b".into(), 2)],
+        ))
         .await
         .unwrap();
     let found = by_key(&store, "turn-1/b").unwrap();
@@ -478,13 +470,13 @@ async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_go
         (vec![("turn-2/a".to_owned(), 1)], vec![span(3)]),
     ] {
         let refused = store
-            .write(WriteOp::Admit(AdmitWrite {
-                expected_revision: 2,
-                record: record("k", 3, 4),
-                append,
-                compaction: None,
+            .write(write(
+                Change {
+                    append,
+                    ..change(2, record("k", 3, 4))
+                },
                 keys,
-            }))
+            ))
             .await;
         assert!(
             matches!(refused, Err(StoreError::InvalidWrite { .. })),
@@ -498,18 +490,14 @@ async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_go
     let mut after = record("k", 3, 3);
     after.marker_count = 1;
     store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision: 2,
-            record: after,
-            append: vec![],
-            compaction: Some(CompactionWrite {
+        .write(write(
+            Change {
                 evict: vec![1],
-                summary: None,
-                replace: vec![],
-                marker: marker("k", 1),
-            }),
-            keys: Vec::new(),
-        }))
+                marker: Some(marker("k", 1)),
+                ..change(2, after)
+            },
+            Vec::new(),
+        ))
         .await
         .unwrap();
     let found = by_key(&store, "turn-1/a").unwrap();

@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{
-    AdmitWrite, CommitHook, CompactionWrite, Durability, FlushObserver, MarkerBounds,
-    SessionRecord, StoreStats, WriteAck, WriteOp,
+    Change, CommitHook, Durability, FlushObserver, MarkerBounds, SessionRecord, StoreStats,
+    WriteAck, WriteOp,
 };
 use crate::record;
 use crate::search::IndexCache;
@@ -839,38 +839,6 @@ fn find_live(
     Ok(None)
 }
 
-/// Rewrites live spans in place: same id, same position.
-fn rewrite_spans(stage: &mut Stage<'_>, session: &str, spans: &[Span]) -> Result<(), StoreError> {
-    for span in spans {
-        let key = keys::session_number_key(session, span.position);
-        let current = match stage.get(TreeId::Spans, &key)? {
-            Some(value) => record::decode_span(&key, &value)?,
-            None => {
-                return Err(invalid(
-                    session,
-                    format!(
-                        "span {} to rewrite: no live span at position {}",
-                        span.id, span.position
-                    ),
-                ));
-            }
-        };
-        if current.id != span.id {
-            return Err(invalid(
-                session,
-                format!(
-                    "span {} to rewrite: position {} holds span {}",
-                    span.id, span.position, current.id
-                ),
-            ));
-        }
-        let value = record::encode_span(&key, span);
-        stage.put(TreeId::Spans, key, value);
-        sync_pin(stage, session, span)?;
-    }
-    Ok(())
-}
-
 /// Checks that a span id is one of those the write gives out: at least the
 /// stored first free id, below the new record's.
 fn check_new_id(
@@ -891,12 +859,7 @@ fn check_new_id(
     Ok(())
 }
 
-fn check_marker(
-    session: &str,
-    marker: &Marker,
-    record: &SessionRecord,
-    outcome: Outcome,
-) -> Result<(), StoreError> {
+fn check_marker(session: &str, marker: &Marker, record: &SessionRecord) -> Result<(), StoreError> {
     if marker.session_id != session {
         return Err(invalid(
             session,
@@ -909,15 +872,6 @@ fn check_marker(
             format!(
                 "marker session_seq {} differs from the record's marker_count {}",
                 marker.session_seq, record.marker_count
-            ),
-        ));
-    }
-    if marker.outcome != outcome {
-        return Err(invalid(
-            session,
-            format!(
-                "marker outcome {:?} where {outcome:?} is required",
-                marker.outcome
             ),
         ));
     }
@@ -990,57 +944,30 @@ fn apply(
                 spans_deleted,
             })
         }
-        WriteOp::Admit(write) => admit(stage, write, seq, effects),
-        WriteOp::Rewrite {
-            expected_revision,
-            record,
-            spans,
-        } => {
-            keys::check_session_id(&record.id)?;
-            let stored = load_session(stage, &record.id)?;
-            check_revision(&record.id, expected_revision, &stored)?;
-            rewrite_spans(stage, &record.id, &spans)?;
-            put_session(stage, &record);
-            Ok(WriteAck::default())
-        }
-        WriteOp::Abort {
-            session_id,
-            marker,
-            record,
-        } => {
-            keys::check_session_id(&session_id)?;
-            if record.id != session_id {
-                return Err(invalid(
-                    &session_id,
-                    format!("record names session {:?}", record.id),
-                ));
-            }
-            let stored = load_session(stage, &session_id)?;
-            check_revision(&session_id, record.revision, &stored)?;
-            check_marker(&session_id, &marker, &record, Outcome::Aborted)?;
-            put_marker(stage, marker, seq, effects);
-            put_session(stage, &record);
-            Ok(WriteAck {
-                marker_seq: Some(seq),
-                spans_deleted: 0,
-            })
-        }
+        WriteOp::Change { change, keys } => write_change(stage, change, keys, seq, effects),
     }
 }
 
-fn admit(
+/// Checks a change against the stored session and stages each part it
+/// has, in order: evict, rewrite in place, summary, append with its keys,
+/// marker, record. Rewrites come before the summary, as the session
+/// applies them, so a rewrite never names the summary.
+fn write_change(
     stage: &mut Stage<'_>,
-    write: AdmitWrite,
+    change: Change,
+    idempotency: Vec<(String, SpanId)>,
     seq: u64,
     effects: &mut Effects,
 ) -> Result<WriteAck, StoreError> {
-    let AdmitWrite {
+    let Change {
         expected_revision,
         record,
         append,
-        compaction,
-        keys: idempotency,
-    } = write;
+        evict,
+        summary,
+        replace,
+        marker,
+    } = change;
     let session = record.id.as_str();
     keys::check_session_id(session)?;
     let stored = load_session(stage, session)?;
@@ -1054,38 +981,72 @@ fn admit(
             ),
         ));
     }
-
-    let mut marker_seq = None;
-    if let Some(CompactionWrite {
-        evict,
-        summary,
-        replace,
-        marker,
-    }) = compaction
-    {
-        check_marker(session, &marker, &record, Outcome::Committed)?;
-        let mut index = None;
-        for id in evict {
-            let Some((key, span)) = find_live(stage, session, id, &mut index)? else {
-                return Err(invalid(session, format!("span {id} to evict is not live")));
-            };
-            stage.del(TreeId::Spans, key);
-            let archive_key = keys::session_number_key(session, id);
-            let value = record::encode_archived(&archive_key, &span, seq);
-            stage.put(TreeId::Archive, archive_key.clone(), value);
-            if stage.get(TreeId::Pins, &archive_key)?.is_some() {
-                stage.del(TreeId::Pins, archive_key);
+    match &marker {
+        // A rewrite in place and an admission stand alone; anything more
+        // is a compaction, which needs its marker.
+        None if !evict.is_empty()
+            || summary.is_some()
+            || !(replace.is_empty() || append.is_empty()) =>
+        {
+            return Err(invalid(
+                session,
+                "a change that evicts or rewrites spans carries no marker".into(),
+            ));
+        }
+        None => {}
+        Some(marker) => {
+            check_marker(session, marker, &record)?;
+            if marker.outcome == Outcome::Aborted {
+                // Nothing changes but the record's marker count.
+                check_revision(session, record.revision, &stored)?;
+                if !(append.is_empty()
+                    && evict.is_empty()
+                    && summary.is_none()
+                    && replace.is_empty())
+                {
+                    return Err(invalid(
+                        session,
+                        "an ABORTED marker comes with changes to the context".into(),
+                    ));
+                }
             }
         }
-        rewrite_spans(stage, session, &replace)?;
-        if let Some(summary) = summary {
-            check_new_id(session, summary.id, &stored, &record)?;
-            insert_span(stage, session, &summary)?;
-        }
-        put_marker(stage, marker, seq, effects);
-        marker_seq = Some(seq);
     }
-    for span in &append {
+
+    let mut index = None;
+    for id in evict {
+        let Some((key, span)) = find_live(stage, session, id, &mut index)? else {
+            return Err(invalid(session, format!("span {id} to evict is not live")));
+        };
+        stage.del(TreeId::Spans, key);
+        let archive_key = keys::session_number_key(session, id);
+        let value = record::encode_archived(&archive_key, &span, seq);
+        stage.put(TreeId::Archive, archive_key.clone(), value);
+        if stage.get(TreeId::Pins, &archive_key)?.is_some() {
+            stage.del(TreeId::Pins, archive_key);
+        }
+    }
+    for span in &replace {
+        let key = keys::session_number_key(session, span.position);
+        let holder = match stage.get(TreeId::Spans, &key)? {
+            Some(value) => Some(record::decode_span(&key, &value)?.id),
+            None => None,
+        };
+        if holder != Some(span.id) {
+            let holder = holder.map_or("no live span".into(), |id| format!("span {id}"));
+            return Err(invalid(
+                session,
+                format!(
+                    "span {} to rewrite: position {} holds {holder}",
+                    span.id, span.position
+                ),
+            ));
+        }
+        let value = record::encode_span(&key, span);
+        stage.put(TreeId::Spans, key, value);
+        sync_pin(stage, session, span)?;
+    }
+    for span in summary.iter().chain(&append) {
         check_new_id(session, span.id, &stored, &record)?;
         insert_span(stage, session, span)?;
     }
@@ -1108,6 +1069,10 @@ fn admit(
         let value = record::encode_key(&stored_key, *span_id);
         stage.put(TreeId::Keys, stored_key, value);
     }
+    let marker_seq = marker.map(|marker| {
+        put_marker(stage, marker, seq, effects);
+        seq
+    });
     put_session(stage, &record);
     Ok(WriteAck {
         marker_seq,

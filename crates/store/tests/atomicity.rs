@@ -8,10 +8,8 @@ mod support;
 use ctxbroker_core::SpanId;
 use ctxbroker_core::marker::Outcome;
 use ctxbroker_core::span::SpanClass;
-use ctxbroker_store::{
-    AdmitWrite, MarkerBounds, SpanState, Store, StoreError, StoreOptions, WriteOp,
-};
-use support::{Session, constraint, span, tempdir};
+use ctxbroker_store::{Change, MarkerBounds, SpanState, Store, StoreError, StoreOptions, WriteOp};
+use support::{Session, change, constraint, span, tempdir, write};
 
 fn ids(spans: &[ctxbroker_core::Span]) -> Vec<SpanId> {
     spans.iter().map(|s| s.id).collect()
@@ -143,22 +141,53 @@ async fn writes_that_do_not_fit_the_stored_state_are_refused_whole() {
     // Rewriting a span at a position it does not hold.
     let mut moved = span(5, "moved");
     moved.position = 6;
-    let op = WriteOp::Rewrite {
-        expected_revision: s.record.revision,
-        record: s.record.clone(),
-        spans: vec![moved],
-    };
+    let op = write(
+        Change {
+            replace: vec![moved],
+            ..change(s.record.revision, s.record.clone())
+        },
+        vec![],
+    );
     assert!(invalid(store.write(op).await));
     // A marker whose session_seq disagrees with the record.
     let mut t = s.clone();
     let mut op = t.abort();
-    if let WriteOp::Abort { marker, .. } = &mut op {
+    if let WriteOp::Change {
+        change: Change {
+            marker: Some(marker),
+            ..
+        },
+        ..
+    } = &mut op
+    {
         marker.session_seq += 1;
     }
     assert!(invalid(store.write(op).await));
+    // Evicting without a marker; rewriting alongside an admission without
+    // one; an ABORTED marker that also evicts.
+    let marker_refused = |r: Result<_, StoreError>| matches!(r, Err(StoreError::InvalidWrite { detail, .. }) if detail.contains("marker"));
+    let evicting = Change {
+        evict: vec![5],
+        ..change(s.record.revision, s.record.clone())
+    };
+    assert!(marker_refused(store.write(write(evicting, vec![])).await));
+    let mut t = s.clone();
+    let append = t.next_spans(1);
+    t.record.next_span_id += 1;
+    let rewriting = Change {
+        replace: vec![span(5, "rewritten")],
+        append,
+        ..change(s.record.revision, t.record)
+    };
+    assert!(marker_refused(store.write(write(rewriting, vec![])).await));
+    let mut op = s.clone().abort();
+    if let WriteOp::Change { change, .. } = &mut op {
+        change.evict = vec![5];
+    }
+    assert!(marker_refused(store.write(op).await));
 
     check_compacted(&store, &s, &summary);
-    assert_eq!(store.stats().rejected, 5);
+    assert_eq!(store.stats().rejected, 8);
 }
 
 #[tokio::test]
@@ -173,11 +202,13 @@ async fn rewrite_moves_spans_in_and_out_of_the_pin_set() {
     let pin = |s: &mut Session, spans| {
         let expected_revision = s.record.revision;
         s.record.revision += 1;
-        WriteOp::Rewrite {
-            expected_revision,
-            record: s.record.clone(),
-            spans,
-        }
+        write(
+            Change {
+                replace: spans,
+                ..change(expected_revision, s.record.clone())
+            },
+            vec![],
+        )
     };
     let op = pin(&mut s, vec![constraint(3, "only touch staging")]);
     store.write(op).await.unwrap();
@@ -203,13 +234,13 @@ async fn an_admission_without_compaction_writes_no_marker() {
     s.record.revision += 1;
     s.record.next_span_id = 4;
     let ack = store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision,
-            record: s.record.clone(),
-            append: spans,
-            compaction: None,
-            keys: Vec::new(),
-        }))
+        .write(write(
+            Change {
+                append: spans,
+                ..change(expected_revision, s.record.clone())
+            },
+            vec![],
+        ))
         .await
         .unwrap();
     assert_eq!(ack.marker_seq, None);

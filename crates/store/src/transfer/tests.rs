@@ -11,11 +11,8 @@ use prost::Message;
 
 use super::{BodyRecord, SessionImport, SnapshotBody, SnapshotPart, snapshot_checksum};
 use crate::keys::{self, TreeId};
-use crate::tests::support::{constraint, marker, record, span};
-use crate::{
-    AdmitWrite, CompactionWrite, SessionExport, SessionRecord, Store, StoreError, StoreOptions,
-    WriteOp,
-};
+use crate::tests::support::{change, constraint, marker, record, span, write};
+use crate::{Change, SessionExport, SessionRecord, Store, StoreError, StoreOptions, WriteOp};
 
 /// Sets a record's live totals from its live spans, as the policy does.
 fn with_totals(mut record: SessionRecord, live: &[&Span]) -> SessionRecord {
@@ -46,13 +43,13 @@ async fn populate(store: &Store, id: &str) {
     r.turns = 1;
     r = with_totals(r, &[&c1, &s2, &s3]);
     store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision: 1,
-            record: r.clone(),
-            append: vec![c1.clone(), s2, s3],
-            compaction: None,
-            keys: vec![("k1".into(), 1), ("k2".into(), 2), ("k3".into(), 3)],
-        }))
+        .write(write(
+            Change {
+                append: vec![c1.clone(), s2, s3],
+                ..change(1, r.clone())
+            },
+            vec![("k1".into(), 1), ("k2".into(), 2), ("k3".into(), 3)],
+        ))
         .await
         .unwrap();
     let mut summary = span(4, "summary of 2 and 3: /etc/hosts");
@@ -73,18 +70,16 @@ async fn populate(store: &Store, id: &str) {
     m.evicted = vec![2, 3];
     m.summary_span_id = Some(4);
     store
-        .write(WriteOp::Admit(AdmitWrite {
-            expected_revision: expected,
-            record: r,
-            append: vec![s5],
-            compaction: Some(CompactionWrite {
+        .write(write(
+            Change {
+                append: vec![s5],
                 evict: vec![2, 3],
                 summary: Some(summary),
-                replace: vec![],
-                marker: m,
-            }),
-            keys: vec![],
-        }))
+                marker: Some(m),
+                ..change(expected, r)
+            },
+            vec![],
+        ))
         .await
         .unwrap();
 }
@@ -194,13 +189,13 @@ async fn a_session_moves_whole_and_stays_after_a_restart() {
     );
     for store in [&a, &b] {
         store
-            .write(WriteOp::Admit(AdmitWrite {
-                expected_revision: 3,
-                record: next.clone(),
-                append: vec![span(6, "delta")],
-                compaction: None,
-                keys: vec![("k4".into(), 6)],
-            }))
+            .write(write(
+                Change {
+                    append: vec![span(6, "delta")],
+                    ..change(3, next.clone())
+                },
+                vec![("k4".into(), 6)],
+            ))
             .await
             .unwrap();
     }

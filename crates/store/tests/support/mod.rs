@@ -9,7 +9,7 @@ use ctxbroker_core::span::{
     ClassSource, Classification, Modality, Predicate, PredicateSource, Role, SpanClass, SummaryInfo,
 };
 use ctxbroker_core::{Marker, SessionConfig, Span, SpanId};
-use ctxbroker_store::{AdmitWrite, CompactionWrite, SessionRecord, WriteOp};
+use ctxbroker_store::{Change, SessionRecord, WriteOp};
 
 pub fn record(id: &str) -> SessionRecord {
     SessionRecord::new(id, SessionConfig::with_window(100_000), 1_700_000_000_000)
@@ -94,6 +94,25 @@ pub fn marker(session: &str, session_seq: u64, outcome: Outcome) -> Marker {
     }
 }
 
+/// A change planned against `expected_revision` that leaves `record` and
+/// changes nothing else until its other fields are set.
+pub fn change(expected_revision: u64, record: SessionRecord) -> Change {
+    Change {
+        expected_revision,
+        record,
+        append: vec![],
+        evict: vec![],
+        summary: None,
+        replace: vec![],
+        marker: None,
+    }
+}
+
+/// The write of `change` with the idempotency `keys` of its spans.
+pub fn write(change: Change, keys: Vec<(String, SpanId)>) -> WriteOp {
+    WriteOp::Change { change, keys }
+}
+
 /// A session as the server tracks it: each write computes the next record.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -152,13 +171,14 @@ impl Session {
     pub fn admit(&mut self, spans: Vec<Span>) -> WriteOp {
         let expected_revision = self.record.revision;
         self.bump(&spans);
-        WriteOp::Admit(AdmitWrite {
-            expected_revision,
-            record: self.record.clone(),
-            append: spans,
-            compaction: None,
-            keys: Vec::new(),
-        })
+        let record = self.record.clone();
+        write(
+            Change {
+                append: spans,
+                ..change(expected_revision, record)
+            },
+            vec![],
+        )
     }
 
     /// An admission that first evicts `evict` into a summary standing at
@@ -221,18 +241,18 @@ impl Session {
             })
             .collect();
         self.bump(&append);
-        let op = WriteOp::Admit(AdmitWrite {
-            expected_revision,
-            record: self.record.clone(),
-            append,
-            compaction: Some(CompactionWrite {
+        let op = write(
+            Change {
+                expected_revision,
+                record: self.record.clone(),
+                append,
                 evict,
                 summary: Some(summary.clone()),
                 replace,
-                marker: m,
-            }),
-            keys: Vec::new(),
-        });
+                marker: Some(m),
+            },
+            vec![],
+        );
         (op, summary)
     }
 
@@ -241,11 +261,14 @@ impl Session {
         self.record.marker_count += 1;
         let mut m = marker(&self.record.id, self.record.marker_count, Outcome::Aborted);
         m.session_revision = self.record.revision;
-        WriteOp::Abort {
-            session_id: self.record.id.clone(),
-            marker: m,
-            record: self.record.clone(),
-        }
+        let record = self.record.clone();
+        write(
+            Change {
+                marker: Some(m),
+                ..change(record.revision, record)
+            },
+            vec![],
+        )
     }
 }
 
