@@ -22,7 +22,7 @@
 //! A snapshot's body is a protobuf message of this module listing the
 //! session's stored records as the store keeps them, key and value, each
 //! value in the store's checksummed, versioned record frame (see
-//! `record.rs`): the body is readable by any build that reads that record
+//! the `record` module): the body is readable by any build that reads that record
 //! format. Before anything is written, an import decodes every record (a
 //! damaged one is refused with its index and key), checks that every key
 //! belongs to the session, and checks the records against each other:

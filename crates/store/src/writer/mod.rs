@@ -1,0 +1,412 @@
+//! The one writer: a dedicated thread that owns every write, and the
+//! flusher behind it.
+//!
+//! The writer blocks for the first queued write, drains whatever else is
+//! queued (up to `max_batch`), checks each write against the stored state
+//! as left by the writes before it in the batch, and applies every accepted
+//! write of the batch as one multi-tree transaction. It then hands the
+//! batch to the flusher and takes the next one. The flusher takes every
+//! batch applied so far, flushes once for all of them, publishes the new
+//! marker head, calls the commit hook with their markers in seq order,
+//! and only then acknowledges. Refused writes are answered at once: they
+//! changed nothing. Request tasks never touch the engine's write path, so
+//! they can never pile up on its flush.
+//!
+//! Here: the writer thread and the one transaction per batch; the flusher
+//! is in `flusher`, what one write checks and stages in `stage`.
+
+mod flusher;
+mod stage;
+
+pub(crate) use flusher::*;
+pub(crate) use stage::*;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::model::{MarkerBounds, StoreStats, WriteAck, WriteOp};
+use crate::record;
+use crate::search::IndexCache;
+
+/// The most old markers one batch removes, so that lowering the retention
+/// of a large log does not turn one batch into a huge transaction; the
+/// rest go in later batches.
+const TRIM_PER_BATCH: u64 = 4096;
+
+/// The engine's trees, opened once.
+#[derive(Clone)]
+pub(crate) struct Trees {
+    pub(crate) db: sled::Db,
+    pub(crate) sessions: sled::Tree,
+    pub(crate) spans: sled::Tree,
+    pub(crate) pins: sled::Tree,
+    pub(crate) archive: sled::Tree,
+    pub(crate) markers: sled::Tree,
+    pub(crate) meta: sled::Tree,
+    pub(crate) keys: sled::Tree,
+    pub(crate) terms: sled::Tree,
+}
+
+impl Trees {
+    pub(crate) fn open(db: sled::Db) -> Result<Trees, StoreError> {
+        let tree = |id: TreeId| db.open_tree(id.name()).map_err(StoreError::engine);
+        Ok(Trees {
+            sessions: tree(TreeId::Sessions)?,
+            spans: tree(TreeId::Spans)?,
+            pins: tree(TreeId::Pins)?,
+            archive: tree(TreeId::Archive)?,
+            markers: tree(TreeId::Markers)?,
+            meta: tree(TreeId::Meta)?,
+            keys: tree(TreeId::Keys)?,
+            terms: tree(TreeId::Terms)?,
+            db,
+        })
+    }
+
+    pub(crate) fn tree(&self, id: TreeId) -> &sled::Tree {
+        match id {
+            TreeId::Sessions => &self.sessions,
+            TreeId::Spans => &self.spans,
+            TreeId::Pins => &self.pins,
+            TreeId::Archive => &self.archive,
+            TreeId::Markers => &self.markers,
+            TreeId::Meta => &self.meta,
+            TreeId::Keys => &self.keys,
+            TreeId::Terms => &self.terms,
+        }
+    }
+}
+
+/// What the writer and the readers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The committed marker head: advanced only after the flush, just
+    /// before the hook runs.
+    pub(crate) bounds: Mutex<MarkerBounds>,
+    /// Sessions stored, kept here so nobody counts the tree per call.
+    pub(crate) sessions: AtomicU64,
+    /// Held for writing while a batch is applied, for reading by reads that
+    /// touch several keys, so that they see a batch wholly or not at all.
+    pub(crate) snapshot: RwLock<()>,
+    /// Set by `close`: the writer stops taking writes once it sees it.
+    pub(crate) closing: AtomicBool,
+    pub(crate) writes: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) transactions: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) largest_batch: AtomicU64,
+    pub(crate) hook_panics: AtomicU64,
+    /// Postings of recently searched sessions.
+    pub(crate) search: IndexCache,
+}
+
+impl Shared {
+    pub(crate) fn new(bounds: MarkerBounds, sessions: u64, search_cache_bytes: usize) -> Shared {
+        Shared {
+            search: IndexCache::new(search_cache_bytes),
+            bounds: Mutex::new(bounds),
+            sessions: AtomicU64::new(sessions),
+            snapshot: RwLock::new(()),
+            closing: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            transactions: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            largest_batch: AtomicU64::new(0),
+            hook_panics: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn bounds(&self) -> MarkerBounds {
+        *self
+            .bounds
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn stats(&self) -> StoreStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreStats {
+            writes: get(&self.writes),
+            rejected: get(&self.rejected),
+            batches: get(&self.batches),
+            transactions: get(&self.transactions),
+            flushes: get(&self.flushes),
+            largest_batch: get(&self.largest_batch),
+            hook_panics: get(&self.hook_panics),
+            queued: 0,
+        }
+    }
+}
+
+/// Where the writer sends a write's outcome.
+pub(crate) type Ack = oneshot::Sender<Result<WriteAck, StoreError>>;
+
+/// A write waiting for the writer, with where to send its outcome.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) op: Op,
+    pub(crate) ack: Ack,
+}
+
+/// What the writer applies: a public write, or an import of a whole
+/// session (`transfer.rs`), which only the store itself builds.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // as for `WriteOp`: moved once into the queue.
+pub(crate) enum Op {
+    /// A [`WriteOp`].
+    Write(WriteOp),
+    /// A checked snapshot to write as a new session.
+    Import(Box<crate::transfer::SessionImport>),
+}
+
+/// What goes through the writer's queue.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // `Wake` is rare; writes are not worth a box each.
+pub(crate) enum Msg {
+    /// A write.
+    Write(Request),
+    /// Nothing: wakes a writer blocked on an empty queue so it sees that
+    /// the store is closing.
+    Wake,
+}
+
+/// The writer's state: the trees and the counters only it advances.
+pub(crate) struct Writer {
+    pub(crate) trees: Trees,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) rx: mpsc::Receiver<Msg>,
+    pub(crate) retention: u64,
+    pub(crate) max_batch: usize,
+    /// Where applied batches go to be flushed and acknowledged.
+    pub(crate) flusher: std::sync::mpsc::Sender<Applied>,
+    /// Joined when the writer ends, after it has handed over its last batch.
+    pub(crate) flusher_thread: JoinHandle<Result<(), StoreError>>,
+    /// The seq the next marker gets.
+    pub(crate) next_seq: u64,
+    /// The oldest marker retained.
+    pub(crate) oldest_seq: u64,
+    /// Sessions stored.
+    pub(crate) sessions: u64,
+    /// The commit epoch of the last applied batch.
+    pub(crate) epoch: u64,
+}
+
+impl Writer {
+    /// Runs until the store closes: then applies what is queued, lets the
+    /// flusher flush one last time, and returns its outcome.
+    pub(crate) fn run(mut self) -> Result<(), StoreError> {
+        let mut queue_closed = false;
+        loop {
+            if !queue_closed && self.shared.closing.load(Ordering::SeqCst) {
+                // Refuses new sends; what is queued is still received.
+                self.rx.close();
+                queue_closed = true;
+            }
+            let first = match self.rx.blocking_recv() {
+                Some(Msg::Write(request)) => request,
+                Some(Msg::Wake) => continue,
+                None => break,
+            };
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(Msg::Write(request)) => batch.push(request),
+                    Ok(Msg::Wake) => {}
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+        }
+        drop(self.flusher);
+        self.flusher_thread
+            .join()
+            .map_err(|_| StoreError::Engine("the flusher thread panicked".into()))?
+    }
+
+    fn run_batch(&mut self, batch: Vec<Request>) {
+        let shared = &self.shared;
+        shared.batches.fetch_add(1, Ordering::Relaxed);
+        shared
+            .writes
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        shared
+            .largest_batch
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+
+        let mut stage = Stage::new(&self.trees);
+        let mut next_seq = self.next_seq;
+        let mut sessions = self.sessions;
+        let mut markers = Vec::new();
+        let mut reset = Vec::new();
+        let mut accepted = Vec::with_capacity(batch.len());
+        for request in batch {
+            let mut effects = Effects::default();
+            match apply(&mut stage, request.op, next_seq, &mut effects) {
+                Ok(ack) => {
+                    stage.keep();
+                    next_seq += effects.markers.len() as u64;
+                    markers.append(&mut effects.markers);
+                    reset.append(&mut effects.reset);
+                    sessions = sessions.saturating_add_signed(effects.sessions);
+                    accepted.push((request.ack, ack));
+                }
+                Err(err) => {
+                    stage.discard();
+                    shared.rejected.fetch_add(1, Ordering::Relaxed);
+                    // Refused writes changed nothing: no flush to wait for.
+                    let _ = request.ack.send(Err(err));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            return;
+        }
+
+        // Every applied batch moves the epoch; the flusher records the
+        // durable one beside the engine's files (see `EpochFile`).
+        let epoch = self.epoch + 1;
+        stage.put(
+            TreeId::Meta,
+            keys::META_COMMIT_EPOCH.to_vec(),
+            record::encode_epoch(epoch).to_vec(),
+        );
+        stage.keep();
+        let mut oldest = self.oldest_seq;
+        if !markers.is_empty() {
+            if self.retention > 0 && next_seq - oldest > self.retention {
+                let keep_from = next_seq - self.retention;
+                let trim_to = keep_from.min(oldest.saturating_add(TRIM_PER_BATCH));
+                for seq in oldest..trim_to {
+                    stage.del(TreeId::Markers, keys::marker_key(seq).to_vec());
+                }
+                oldest = trim_to;
+            }
+            stage.put(
+                TreeId::Meta,
+                keys::META_MARKER_LOG.to_vec(),
+                record::encode_marker_log(next_seq, oldest),
+            );
+            stage.keep();
+        }
+
+        let writes = stage.into_writes();
+        if crate::fault("store::before_transaction") {
+            let err = StoreError::Io("injected fault before the transaction".into());
+            for (ack, _) in accepted {
+                let _ = ack.send(Err(err.clone()));
+            }
+            return;
+        }
+        let applied = {
+            let _exclusive = shared
+                .snapshot
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let applied = transact(&self.trees, &writes);
+            // Under the exclusive hold, so no search sees the new state
+            // with the old postings.
+            for id in &reset {
+                shared.search.forget(id);
+            }
+            applied
+        };
+        if let Err(err) = applied {
+            for (ack, _) in accepted {
+                let _ = ack.send(Err(err.clone()));
+            }
+            return;
+        }
+        shared.transactions.fetch_add(1, Ordering::Relaxed);
+        self.epoch = epoch;
+        self.next_seq = next_seq;
+        self.oldest_seq = oldest;
+        self.sessions = sessions;
+        shared.sessions.store(sessions, Ordering::Relaxed);
+        let mut accepted = accepted;
+        if crate::fault("store::after_transaction") {
+            // Applied, so the state moved on and the flusher still covers
+            // the batch; the callers get an error, never an
+            // acknowledgement the flush has not earned.
+            let err = StoreError::Io("injected fault after the transaction".into());
+            for (ack, _) in accepted.drain(..) {
+                let _ = ack.send(Err(err.clone()));
+            }
+        }
+        let handed = self.flusher.send(Applied {
+            acks: accepted,
+            epoch,
+            markers,
+            bounds: MarkerBounds {
+                oldest,
+                next: next_seq,
+            },
+        });
+        if let Err(std::sync::mpsc::SendError(lost)) = handed {
+            // The flusher is gone (it panicked): nobody can vouch for
+            // durability any more.
+            for (ack, _) in lost.acks {
+                let _ = ack.send(Err(StoreError::Closed));
+            }
+        }
+    }
+}
+
+/// Staged changes: a value to store, or `None` to remove the key.
+type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
+
+/// A key and its value.
+type Entry = (Vec<u8>, Vec<u8>);
+
+/// Applies a batch's writes as one transaction over every tree. The closure
+/// only replays the prepared writes, so the engine may run it again.
+fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
+    let result = (
+        &trees.sessions,
+        &trees.spans,
+        &trees.pins,
+        &trees.archive,
+        &trees.markers,
+        &trees.meta,
+        &trees.keys,
+        &trees.terms,
+    )
+        .transaction(
+            |(sessions, spans, pins, archive, markers, meta, keys, terms)| {
+                for ((tree, key), value) in writes {
+                    let tree = match tree {
+                        TreeId::Sessions => sessions,
+                        TreeId::Spans => spans,
+                        TreeId::Pins => pins,
+                        TreeId::Archive => archive,
+                        TreeId::Markers => markers,
+                        TreeId::Meta => meta,
+                        TreeId::Keys => keys,
+                        TreeId::Terms => terms,
+                    };
+                    match value {
+                        Some(value) => {
+                            tree.insert(key.as_slice(), value.as_slice())?;
+                        }
+                        None => {
+                            tree.remove(key.as_slice())?;
+                        }
+                    }
+                }
+                Ok::<(), ConflictableTransactionError<()>>(())
+            },
+        );
+    result.map_err(|err| match err {
+        TransactionError::Abort(()) => StoreError::Engine("transaction aborted".into()),
+        TransactionError::Storage(err) => StoreError::engine(err),
+    })
+}

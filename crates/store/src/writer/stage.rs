@@ -1,0 +1,480 @@
+//! One write against the batch so far: its checks, and the keys and
+//! values it stages (a session's record, spans, pins, archive, keys, term
+//! vectors and marker).
+
+use std::collections::{BTreeMap, HashMap};
+
+use ctxbroker_core::marker::Outcome;
+use ctxbroker_core::span::SpanClass;
+use ctxbroker_core::{Marker, Span, SpanId};
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::model::{Change, SessionRecord, WriteAck, WriteOp};
+use crate::record;
+
+use super::{Entry, Op, Trees, Writes};
+
+/// The batch's writes so far, over the stored state: every check reads
+/// through it, so a write sees the writes accepted before it in the batch.
+/// The current write's changes stay apart until it is accepted.
+pub(crate) struct Stage<'a> {
+    trees: &'a Trees,
+    batch: Writes,
+    op: Writes,
+}
+
+impl<'a> Stage<'a> {
+    pub(super) fn new(trees: &'a Trees) -> Stage<'a> {
+        Stage {
+            trees,
+            batch: BTreeMap::new(),
+            op: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let staged = (tree, key.to_vec());
+        if let Some(value) = self.op.get(&staged).or_else(|| self.batch.get(&staged)) {
+            return Ok(value.clone());
+        }
+        let stored = self.trees.tree(tree).get(key).map_err(StoreError::engine)?;
+        Ok(stored.map(|v| v.to_vec()))
+    }
+
+    /// Every live entry under `prefix`, in key order.
+    pub(super) fn scan(&self, tree: TreeId, prefix: &[u8]) -> Result<Vec<Entry>, StoreError> {
+        let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        for entry in self.trees.tree(tree).scan_prefix(prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            merged.insert(key.to_vec(), Some(value.to_vec()));
+        }
+        for layer in [&self.batch, &self.op] {
+            let from = (tree, prefix.to_vec());
+            for ((t, key), value) in layer.range(from..) {
+                if *t != tree || !key.starts_with(prefix) {
+                    break;
+                }
+                merged.insert(key.clone(), value.clone());
+            }
+        }
+        Ok(merged
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|v| (key, v)))
+            .collect())
+    }
+
+    /// Every live key under `prefix`, in key order, without the values.
+    pub(crate) fn scan_keys(
+        &self,
+        tree: TreeId,
+        prefix: &[u8],
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut merged: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
+        for entry in self.trees.tree(tree).scan_prefix(prefix).keys() {
+            merged.insert(entry.map_err(StoreError::engine)?.to_vec(), true);
+        }
+        for layer in [&self.batch, &self.op] {
+            let from = (tree, prefix.to_vec());
+            for ((t, key), value) in layer.range(from..) {
+                if *t != tree || !key.starts_with(prefix) {
+                    break;
+                }
+                merged.insert(key.clone(), value.is_some());
+            }
+        }
+        Ok(merged
+            .into_iter()
+            .filter_map(|(key, live)| live.then_some(key))
+            .collect())
+    }
+
+    pub(crate) fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Vec<u8>) {
+        self.op.insert((tree, key), Some(value));
+    }
+
+    pub(super) fn del(&mut self, tree: TreeId, key: Vec<u8>) {
+        self.op.insert((tree, key), None);
+    }
+
+    /// The current write was accepted: its changes join the batch.
+    pub(super) fn keep(&mut self) {
+        let op = std::mem::take(&mut self.op);
+        self.batch.extend(op);
+    }
+
+    /// The current write was refused: its changes are dropped.
+    pub(super) fn discard(&mut self) {
+        self.op.clear();
+    }
+
+    pub(super) fn into_writes(self) -> Writes {
+        self.batch
+    }
+}
+
+/// What an accepted write changes besides its keys.
+#[derive(Default)]
+pub(crate) struct Effects {
+    pub(super) markers: Vec<Marker>,
+    pub(crate) sessions: i64,
+    /// Sessions deleted or created whole: their cached postings go.
+    pub(crate) reset: Vec<String>,
+}
+
+pub(super) fn invalid(session: &str, detail: String) -> StoreError {
+    StoreError::InvalidWrite {
+        session: session.to_owned(),
+        detail,
+    }
+}
+
+fn load_session(stage: &Stage<'_>, id: &str) -> Result<SessionRecord, StoreError> {
+    let key = keys::session_key(id);
+    match stage.get(TreeId::Sessions, &key)? {
+        Some(value) => record::decode_session(&key, &value),
+        None => Err(StoreError::SessionNotFound { id: id.to_owned() }),
+    }
+}
+
+fn check_revision(session: &str, expected: u64, stored: &SessionRecord) -> Result<(), StoreError> {
+    if stored.revision != expected {
+        return Err(StoreError::StaleRevision {
+            session: session.to_owned(),
+            expected,
+            actual: stored.revision,
+        });
+    }
+    Ok(())
+}
+
+fn put_session(stage: &mut Stage<'_>, record: &SessionRecord) {
+    let key = keys::session_key(&record.id);
+    let value = record::encode_session(&key, record);
+    stage.put(TreeId::Sessions, key, value);
+}
+
+/// Writes a constraint's pin, or removes the pin of a span that is no
+/// longer a constraint.
+fn sync_pin(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), StoreError> {
+    let key = keys::session_number_key(session, span.id);
+    if span.classification.class == SpanClass::Constraint {
+        let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
+        stage.put(TreeId::Pins, key, value);
+    } else if stage.get(TreeId::Pins, &key)?.is_some() {
+        stage.del(TreeId::Pins, key);
+    }
+    Ok(())
+}
+
+/// Stores a new span at its position, which must be free, and pins it if it
+/// is a constraint. Its id has passed [`check_new_id`], so no pin can exist
+/// for it yet.
+fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), StoreError> {
+    let key = keys::session_number_key(session, span.position);
+    if let Some(taken) = stage.get(TreeId::Spans, &key)? {
+        let holder = record::decode_span(&key, &taken)?;
+        return Err(invalid(
+            session,
+            format!(
+                "span {} cannot take position {}: span {} holds it",
+                span.id, span.position, holder.id
+            ),
+        ));
+    }
+    let value = record::encode_span(&key, span);
+    stage.put(TreeId::Spans, key, value);
+    if span.classification.class == SpanClass::Constraint {
+        let key = keys::session_number_key(session, span.id);
+        let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
+        stage.put(TreeId::Pins, key, value);
+    }
+    index_span(stage, session, span);
+    Ok(())
+}
+
+/// Indexes a newly stored span for search, in the same transaction as the
+/// span itself: one row, its term vector. A span is indexed once, as it
+/// was stored: eviction moves it to the archive without touching its row.
+pub(crate) fn index_span(stage: &mut Stage<'_>, session: &str, span: &Span) {
+    let (key, value) = record::term_row(session, span);
+    stage.put(TreeId::Terms, key, value);
+}
+
+/// Finds a live span by id: spans are keyed by position, which equals the
+/// id for admitted spans; summaries stand elsewhere, so on a miss the
+/// session's live spans are indexed once.
+fn find_live(
+    stage: &Stage<'_>,
+    session: &str,
+    id: SpanId,
+    index: &mut Option<HashMap<SpanId, Vec<u8>>>,
+) -> Result<Option<(Vec<u8>, Span)>, StoreError> {
+    let direct = keys::session_number_key(session, id);
+    if let Some(value) = stage.get(TreeId::Spans, &direct)? {
+        let span = record::decode_span(&direct, &value)?;
+        if span.id == id {
+            return Ok(Some((direct, span)));
+        }
+    }
+    if index.is_none() {
+        let mut by_id = HashMap::new();
+        for (key, value) in stage.scan(TreeId::Spans, &keys::session_prefix(session))? {
+            let span = record::decode_span(&key, &value)?;
+            by_id.insert(span.id, key);
+        }
+        *index = Some(by_id);
+    }
+    let Some(key) = index.as_ref().and_then(|by_id| by_id.get(&id)) else {
+        return Ok(None);
+    };
+    // The index predates this write's own changes: read the key again.
+    if let Some(value) = stage.get(TreeId::Spans, key)? {
+        let span = record::decode_span(key, &value)?;
+        if span.id == id {
+            return Ok(Some((key.clone(), span)));
+        }
+    }
+    Ok(None)
+}
+
+/// Checks that a span id is one of those the write gives out: at least the
+/// stored first free id, below the new record's.
+fn check_new_id(
+    session: &str,
+    id: SpanId,
+    stored: &SessionRecord,
+    record: &SessionRecord,
+) -> Result<(), StoreError> {
+    if id < stored.next_span_id || id >= record.next_span_id {
+        return Err(invalid(
+            session,
+            format!(
+                "new span id {id} is outside the ids this write gives out ({}..{})",
+                stored.next_span_id, record.next_span_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_marker(session: &str, marker: &Marker, record: &SessionRecord) -> Result<(), StoreError> {
+    if marker.session_id != session {
+        return Err(invalid(
+            session,
+            format!("marker names session {:?}", marker.session_id),
+        ));
+    }
+    if marker.session_seq != record.marker_count {
+        return Err(invalid(
+            session,
+            format!(
+                "marker session_seq {} differs from the record's marker_count {}",
+                marker.session_seq, record.marker_count
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn put_marker(stage: &mut Stage<'_>, mut marker: Marker, seq: u64, effects: &mut Effects) {
+    marker.seq = seq;
+    let key = keys::marker_key(seq).to_vec();
+    let value = record::encode_marker(&key, &marker);
+    stage.put(TreeId::Markers, key, value);
+    effects.markers.push(marker);
+}
+
+/// Checks one write against the staged state and stages its changes.
+/// `seq` is the seq its marker gets, if it writes one.
+pub(super) fn apply(
+    stage: &mut Stage<'_>,
+    op: Op,
+    seq: u64,
+    effects: &mut Effects,
+) -> Result<WriteAck, StoreError> {
+    let op = match op {
+        Op::Write(op) => op,
+        Op::Import(import) => return crate::transfer::stage_import(stage, *import, effects),
+    };
+    match op {
+        WriteOp::CreateSession { record } => {
+            keys::check_session_id(&record.id)?;
+            let key = keys::session_key(&record.id);
+            if stage.get(TreeId::Sessions, &key)?.is_some() {
+                return Err(StoreError::SessionExists { id: record.id });
+            }
+            put_session(stage, &record);
+            effects.sessions += 1;
+            Ok(WriteAck::default())
+        }
+        WriteOp::UpdateSession {
+            expected_revision,
+            record,
+        } => {
+            keys::check_session_id(&record.id)?;
+            let stored = load_session(stage, &record.id)?;
+            check_revision(&record.id, expected_revision, &stored)?;
+            put_session(stage, &record);
+            Ok(WriteAck::default())
+        }
+        WriteOp::DeleteSession { id } => {
+            keys::check_session_id(&id)?;
+            let key = keys::session_key(&id);
+            // Presence is enough: a corrupt record can still be deleted.
+            if stage.get(TreeId::Sessions, &key)?.is_none() {
+                return Err(StoreError::SessionNotFound { id });
+            }
+            let prefix = keys::session_prefix(&id);
+            let mut spans_deleted = 0;
+            for tree in TreeId::PER_SESSION {
+                for key in stage.scan_keys(tree, &prefix)? {
+                    if matches!(tree, TreeId::Spans | TreeId::Archive) {
+                        spans_deleted += 1;
+                    }
+                    stage.del(tree, key);
+                }
+            }
+            stage.del(TreeId::Sessions, key);
+            effects.sessions -= 1;
+            effects.reset.push(id.clone());
+            Ok(WriteAck {
+                marker_seq: None,
+                spans_deleted,
+            })
+        }
+        WriteOp::Change { change, keys } => write_change(stage, change, keys, seq, effects),
+    }
+}
+
+/// Checks a change against the stored session and stages each part it
+/// has, in order: evict, rewrite in place, summary, append with its keys,
+/// marker, record. Rewrites come before the summary, as the session
+/// applies them, so a rewrite never names the summary.
+fn write_change(
+    stage: &mut Stage<'_>,
+    change: Change,
+    idempotency: Vec<(String, SpanId)>,
+    seq: u64,
+    effects: &mut Effects,
+) -> Result<WriteAck, StoreError> {
+    let Change {
+        expected_revision,
+        record,
+        append,
+        evict,
+        summary,
+        replace,
+        marker,
+    } = change;
+    let session = record.id.as_str();
+    keys::check_session_id(session)?;
+    let stored = load_session(stage, session)?;
+    check_revision(session, expected_revision, &stored)?;
+    if record.next_span_id < stored.next_span_id {
+        return Err(invalid(
+            session,
+            format!(
+                "next_span_id would move back from {} to {}",
+                stored.next_span_id, record.next_span_id
+            ),
+        ));
+    }
+    match &marker {
+        // A rewrite in place and an admission stand alone; anything more
+        // is a compaction, which needs its marker.
+        None if !evict.is_empty()
+            || summary.is_some()
+            || !(replace.is_empty() || append.is_empty()) =>
+        {
+            return Err(invalid(
+                session,
+                "a change that evicts or rewrites spans carries no marker".into(),
+            ));
+        }
+        None => {}
+        Some(marker) => {
+            check_marker(session, marker, &record)?;
+            if marker.outcome == Outcome::Aborted {
+                // Nothing changes but the record's marker count.
+                check_revision(session, record.revision, &stored)?;
+                if !(append.is_empty()
+                    && evict.is_empty()
+                    && summary.is_none()
+                    && replace.is_empty())
+                {
+                    return Err(invalid(
+                        session,
+                        "an ABORTED marker comes with changes to the context".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    let mut index = None;
+    for id in evict {
+        let Some((key, span)) = find_live(stage, session, id, &mut index)? else {
+            return Err(invalid(session, format!("span {id} to evict is not live")));
+        };
+        stage.del(TreeId::Spans, key);
+        let archive_key = keys::session_number_key(session, id);
+        let value = record::encode_archived(&archive_key, &span, seq);
+        stage.put(TreeId::Archive, archive_key.clone(), value);
+        if stage.get(TreeId::Pins, &archive_key)?.is_some() {
+            stage.del(TreeId::Pins, archive_key);
+        }
+    }
+    for span in &replace {
+        let key = keys::session_number_key(session, span.position);
+        let holder = match stage.get(TreeId::Spans, &key)? {
+            Some(value) => Some(record::decode_span(&key, &value)?.id),
+            None => None,
+        };
+        if holder != Some(span.id) {
+            let holder = holder.map_or("no live span".into(), |id| format!("span {id}"));
+            return Err(invalid(
+                session,
+                format!(
+                    "span {} to rewrite: position {} holds {holder}",
+                    span.id, span.position
+                ),
+            ));
+        }
+        let value = record::encode_span(&key, span);
+        stage.put(TreeId::Spans, key, value);
+        sync_pin(stage, session, span)?;
+    }
+    for span in summary.iter().chain(&append) {
+        check_new_id(session, span.id, &stored, &record)?;
+        insert_span(stage, session, span)?;
+    }
+    for (key, span_id) in &idempotency {
+        if !append.iter().any(|s| s.id == *span_id) {
+            return Err(invalid(
+                session,
+                format!(
+                    "idempotency key {key:?} names span {span_id}, which this write does not admit"
+                ),
+            ));
+        }
+        let stored_key = keys::session_text_key(session, key);
+        if stage.get(TreeId::Keys, &stored_key)?.is_some() {
+            return Err(invalid(
+                session,
+                format!("idempotency key {key:?} is already taken"),
+            ));
+        }
+        let value = record::encode_key(&stored_key, *span_id);
+        stage.put(TreeId::Keys, stored_key, value);
+    }
+    let marker_seq = marker.map(|marker| {
+        put_marker(stage, marker, seq, effects);
+        seq
+    });
+    put_session(stage, &record);
+    Ok(WriteAck {
+        marker_seq,
+        spans_deleted: 0,
+    })
+}
