@@ -28,51 +28,68 @@ pub fn timestamp(ms: u64) -> prost_types::Timestamp {
     }
 }
 
+/// A domain enum and its wire twin, whose variants bear the same names:
+/// `$to` gives the wire value of a domain one, `$from` the domain value
+/// of a wire one (`None` for UNSPECIFIED, which has no domain value).
+macro_rules! twins {
+    ($domain:ident <=> $wire:ident, $to:ident, $from:ident, [$($v:ident),+ $(,)?]) => {
+        #[doc = concat!("The wire form of a domain `", stringify!($domain), "`.")]
+        pub fn $to(value: $domain) -> pb::$wire {
+            match value {
+                $($domain::$v => pb::$wire::$v,)+
+            }
+        }
+
+        #[doc = concat!("The domain form of a wire `", stringify!($wire), "`; `None` for")]
+        #[doc = "UNSPECIFIED."]
+        pub fn $from(value: pb::$wire) -> Option<$domain> {
+            match value {
+                pb::$wire::Unspecified => None,
+                $(pb::$wire::$v => Some($domain::$v),)+
+            }
+        }
+    };
+}
+
+twins!(Role <=> Role, role_to_pb, role_from_pb, [User, Assistant, Tool, System]);
+twins!(SpanClass <=> SpanClass, class_to_pb, class_from_pb, [
+    Narrative, Constraint, Summary, Protected,
+]);
+twins!(ClassSource <=> ClassSource, class_source_to_pb, class_source_from_pb, [
+    Caller, Rules, Broker,
+]);
+twins!(Modality <=> Modality, modality_to_pb, modality_from_pb, [
+    Prohibition, Requirement, Restriction, Correction,
+]);
+twins!(TriggerPolicy <=> TriggerPolicy, trigger_to_pb, trigger_from_pb, [
+    TokenBudget, Hybrid, TimeBased,
+]);
+twins!(TokenizerKind <=> TokenizerKind, tokenizer_to_pb, tokenizer_from_pb, [
+    O200kBase, Cl100kBase, Client,
+]);
+twins!(ClassifierMode <=> ClassifierMode, classifier_to_pb, classifier_from_pb, [
+    Rules, Model, CallerOnly,
+]);
+twins!(AnchorPolicy <=> AnchorPolicy, anchor_policy_to_pb, anchor_policy_from_pb, [
+    Require, Warn,
+]);
+twins!(SessionMode <=> SessionMode, mode_to_pb, mode_from_pb, [Auto, Approval]);
+twins!(CompactionTrigger <=> CompactionTrigger,
+    compaction_trigger_to_pb, compaction_trigger_from_pb, [
+    HardBudget, SoftWatermark, Staleness, Manual, Unpin,
+]);
+twins!(Outcome <=> CompactionOutcome, outcome_to_pb, outcome_from_pb, [Committed, Aborted]);
+twins!(EvictionReason <=> EvictionReason, eviction_reason_to_pb, eviction_reason_from_pb, [
+    BelowFloor, Budget, TierFull,
+]);
+twins!(ViolationKind <=> ViolationKind, violation_kind_to_pb, violation_kind_from_pb, [
+    PinnedMissing, PredicateUnsatisfied, OverBudget, PinnedExceedBudget, TurnTooLarge,
+    GenerationExceeded, AnchorMissing, PlanInconsistent,
+]);
+
 /// Saturates a domain count into the contract's u32 token fields.
 pub fn tokens32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-/// The wire role of a domain role.
-pub fn role_to_pb(role: Role) -> pb::Role {
-    match role {
-        Role::User => pb::Role::User,
-        Role::Assistant => pb::Role::Assistant,
-        Role::Tool => pb::Role::Tool,
-        Role::System => pb::Role::System,
-    }
-}
-
-/// The domain role of a wire role; None for UNSPECIFIED.
-pub fn role_from_pb(role: pb::Role) -> Option<Role> {
-    match role {
-        pb::Role::Unspecified => None,
-        pb::Role::User => Some(Role::User),
-        pb::Role::Assistant => Some(Role::Assistant),
-        pb::Role::Tool => Some(Role::Tool),
-        pb::Role::System => Some(Role::System),
-    }
-}
-
-/// The wire class of a domain class.
-pub fn class_to_pb(class: SpanClass) -> pb::SpanClass {
-    match class {
-        SpanClass::Narrative => pb::SpanClass::Narrative,
-        SpanClass::Constraint => pb::SpanClass::Constraint,
-        SpanClass::Summary => pb::SpanClass::Summary,
-        SpanClass::Protected => pb::SpanClass::Protected,
-    }
-}
-
-/// The domain class of a wire class; None for UNSPECIFIED.
-pub fn class_from_pb(class: pb::SpanClass) -> Option<SpanClass> {
-    match class {
-        pb::SpanClass::Unspecified => None,
-        pb::SpanClass::Narrative => Some(SpanClass::Narrative),
-        pb::SpanClass::Constraint => Some(SpanClass::Constraint),
-        pb::SpanClass::Summary => Some(SpanClass::Summary),
-        pb::SpanClass::Protected => Some(SpanClass::Protected),
-    }
 }
 
 /// The wire state of a span and, when archived, the seq that evicted it
@@ -81,35 +98,6 @@ pub fn state_to_pb(state: SpanState) -> (pb::SpanState, u64) {
     match state {
         SpanState::Live => (pb::SpanState::Live, 0),
         SpanState::Archived { by_seq } => (pb::SpanState::Archived, by_seq),
-    }
-}
-
-fn class_source_to_pb(source: ClassSource) -> pb::ClassSource {
-    match source {
-        ClassSource::Caller => pb::ClassSource::Caller,
-        ClassSource::Rules => pb::ClassSource::Rules,
-        ClassSource::Broker => pb::ClassSource::Broker,
-    }
-}
-
-/// The wire modality of a domain modality.
-pub fn modality_to_pb(modality: Modality) -> pb::Modality {
-    match modality {
-        Modality::Prohibition => pb::Modality::Prohibition,
-        Modality::Requirement => pb::Modality::Requirement,
-        Modality::Restriction => pb::Modality::Restriction,
-        Modality::Correction => pb::Modality::Correction,
-    }
-}
-
-/// The domain modality of a wire modality; None for UNSPECIFIED.
-pub fn modality_from_pb(modality: pb::Modality) -> Option<Modality> {
-    match modality {
-        pb::Modality::Unspecified => None,
-        pb::Modality::Prohibition => Some(Modality::Prohibition),
-        pb::Modality::Requirement => Some(Modality::Requirement),
-        pb::Modality::Restriction => Some(Modality::Restriction),
-        pb::Modality::Correction => Some(Modality::Correction),
     }
 }
 
@@ -248,19 +236,6 @@ pub fn violation_kind_name(kind: ViolationKind) -> &'static str {
     violation_kind_to_pb(kind).as_str_name()
 }
 
-fn violation_kind_to_pb(kind: ViolationKind) -> pb::ViolationKind {
-    match kind {
-        ViolationKind::PinnedMissing => pb::ViolationKind::PinnedMissing,
-        ViolationKind::PredicateUnsatisfied => pb::ViolationKind::PredicateUnsatisfied,
-        ViolationKind::OverBudget => pb::ViolationKind::OverBudget,
-        ViolationKind::PinnedExceedBudget => pb::ViolationKind::PinnedExceedBudget,
-        ViolationKind::TurnTooLarge => pb::ViolationKind::TurnTooLarge,
-        ViolationKind::GenerationExceeded => pb::ViolationKind::GenerationExceeded,
-        ViolationKind::AnchorMissing => pb::ViolationKind::AnchorMissing,
-        ViolationKind::PlanInconsistent => pb::ViolationKind::PlanInconsistent,
-    }
-}
-
 /// The wire form of a violation.
 pub fn violation_to_pb(violation: &Violation) -> pb::Violation {
     pb::Violation {
@@ -277,17 +252,8 @@ pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
         seq: marker.seq,
         session_id: marker.session_id.clone(),
         session_seq: marker.session_seq,
-        trigger: match marker.trigger {
-            CompactionTrigger::HardBudget => pb::CompactionTrigger::HardBudget,
-            CompactionTrigger::SoftWatermark => pb::CompactionTrigger::SoftWatermark,
-            CompactionTrigger::Staleness => pb::CompactionTrigger::Staleness,
-            CompactionTrigger::Manual => pb::CompactionTrigger::Manual,
-            CompactionTrigger::Unpin => pb::CompactionTrigger::Unpin,
-        } as i32,
-        outcome: match marker.outcome {
-            Outcome::Committed => pb::CompactionOutcome::Committed,
-            Outcome::Aborted => pb::CompactionOutcome::Aborted,
-        } as i32,
+        trigger: compaction_trigger_to_pb(marker.trigger) as i32,
+        outcome: outcome_to_pb(marker.outcome) as i32,
         tokens_before: marker.tokens_before,
         tokens_after: marker.tokens_after,
         incoming_tokens: marker.incoming_tokens,
@@ -308,24 +274,6 @@ pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
         session_revision: marker.session_revision,
         actor: marker.actor.clone(),
         detail: marker.detail.clone(),
-    }
-}
-
-/// The wire trigger policy of a domain one.
-pub fn trigger_to_pb(trigger: TriggerPolicy) -> pb::TriggerPolicy {
-    match trigger {
-        TriggerPolicy::TokenBudget => pb::TriggerPolicy::TokenBudget,
-        TriggerPolicy::Hybrid => pb::TriggerPolicy::Hybrid,
-        TriggerPolicy::TimeBased => pb::TriggerPolicy::TimeBased,
-    }
-}
-
-/// The wire tokenizer kind of a domain one.
-pub fn tokenizer_to_pb(kind: TokenizerKind) -> pb::TokenizerKind {
-    match kind {
-        TokenizerKind::O200kBase => pb::TokenizerKind::O200kBase,
-        TokenizerKind::Cl100kBase => pb::TokenizerKind::Cl100kBase,
-        TokenizerKind::Client => pb::TokenizerKind::Client,
     }
 }
 
@@ -366,20 +314,10 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
         trigger: trigger_to_pb(c.trigger) as i32,
         staleness_interval_ms: Some(c.staleness_interval_ms),
         tokenizer: tokenizer_to_pb(c.tokenizer) as i32,
-        classifier: match c.classifier {
-            ClassifierMode::Rules => pb::ClassifierMode::Rules,
-            ClassifierMode::Model => pb::ClassifierMode::Model,
-            ClassifierMode::CallerOnly => pb::ClassifierMode::CallerOnly,
-        } as i32,
+        classifier: classifier_to_pb(c.classifier) as i32,
         max_summary_generations: Some(c.max_summary_generations),
-        anchor_policy: match c.anchor_policy {
-            AnchorPolicy::Require => pb::AnchorPolicy::Require,
-            AnchorPolicy::Warn => pb::AnchorPolicy::Warn,
-        } as i32,
-        mode: match c.mode {
-            SessionMode::Auto => pb::SessionMode::Auto,
-            SessionMode::Approval => pb::SessionMode::Approval,
-        } as i32,
+        anchor_policy: anchor_policy_to_pb(c.anchor_policy) as i32,
+        mode: mode_to_pb(c.mode) as i32,
         summary_max_tokens: Some(c.effective_summary_max_tokens()),
         workload: c.workload.as_ref().map(workload_to_pb),
         relevance: Some(pb::RelevanceWeights {
@@ -452,11 +390,7 @@ pub fn plan_to_pb(outcome: &PlanOutcome, revision: u64) -> pb::CompactionPlan {
             .map(|e| pb::EvictedSpan {
                 span_id: e.span_id,
                 relevance: e.relevance,
-                reason: match e.reason {
-                    EvictionReason::BelowFloor => pb::EvictionReason::BelowFloor,
-                    EvictionReason::Budget => pb::EvictionReason::Budget,
-                    EvictionReason::TierFull => pb::EvictionReason::TierFull,
-                } as i32,
+                reason: eviction_reason_to_pb(e.reason) as i32,
                 tokens: e.tokens,
             })
             .collect(),

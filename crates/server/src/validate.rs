@@ -2,15 +2,16 @@
 //! with any bad field changes nothing.
 
 use ctxbroker_core::classify::ClassifierTuning;
-use ctxbroker_core::config::{
-    AnchorPolicy, ClassifierMode, SessionConfig, SessionMode, TokenizerKind, TriggerPolicy,
-};
+use ctxbroker_core::config::{SessionConfig, TokenizerKind, TriggerPolicy};
 use ctxbroker_core::trigger;
 use ctxbroker_proto::v1 as pb;
 
 use crate::broker::TurnSpan;
 use crate::config::Limits;
-use crate::convert::workload_from_pb;
+use crate::convert::{
+    anchor_policy_from_pb, classifier_from_pb, mode_from_pb, tokenizer_from_pb, trigger_from_pb,
+    workload_from_pb,
+};
 use crate::error::{ApiError, BadField};
 
 /// Checks a session id: 1 to `max_session_id_bytes` bytes of
@@ -129,20 +130,11 @@ fn merge(
     if let Some(m) = p.summary_max_tokens {
         c.summary_max_tokens = m;
     }
-    match enum_value::<pb::TriggerPolicy>("config.trigger", p.trigger, &mut bad) {
-        Some(pb::TriggerPolicy::Unspecified) | None => {}
-        Some(pb::TriggerPolicy::TokenBudget) => c.trigger = TriggerPolicy::TokenBudget,
-        Some(pb::TriggerPolicy::Hybrid) => c.trigger = TriggerPolicy::Hybrid,
-        Some(pb::TriggerPolicy::TimeBased) => c.trigger = TriggerPolicy::TimeBased,
+    if let Some(t) = enum_value("config.trigger", p.trigger, &mut bad).and_then(trigger_from_pb) {
+        c.trigger = t;
     }
-    let tokenizer = match enum_value::<pb::TokenizerKind>("config.tokenizer", p.tokenizer, &mut bad)
-    {
-        Some(pb::TokenizerKind::Unspecified) | None => None,
-        Some(pb::TokenizerKind::O200kBase) => Some(TokenizerKind::O200kBase),
-        Some(pb::TokenizerKind::Cl100kBase) => Some(TokenizerKind::Cl100kBase),
-        Some(pb::TokenizerKind::Client) => Some(TokenizerKind::Client),
-    };
-    if let Some(kind) = tokenizer {
+    let tokenizer = enum_value("config.tokenizer", p.tokenizer, &mut bad);
+    if let Some(kind) = tokenizer.and_then(tokenizer_from_pb) {
         if creating {
             c.tokenizer = kind;
         } else if kind != c.tokenizer {
@@ -152,21 +144,16 @@ fn merge(
             ));
         }
     }
-    match enum_value::<pb::ClassifierMode>("config.classifier", p.classifier, &mut bad) {
-        Some(pb::ClassifierMode::Unspecified) | None => {}
-        Some(pb::ClassifierMode::Rules) => c.classifier = ClassifierMode::Rules,
-        Some(pb::ClassifierMode::Model) => c.classifier = ClassifierMode::Model,
-        Some(pb::ClassifierMode::CallerOnly) => c.classifier = ClassifierMode::CallerOnly,
+    let classifier = enum_value("config.classifier", p.classifier, &mut bad);
+    if let Some(mode) = classifier.and_then(classifier_from_pb) {
+        c.classifier = mode;
     }
-    match enum_value::<pb::AnchorPolicy>("config.anchor_policy", p.anchor_policy, &mut bad) {
-        Some(pb::AnchorPolicy::Unspecified) | None => {}
-        Some(pb::AnchorPolicy::Require) => c.anchor_policy = AnchorPolicy::Require,
-        Some(pb::AnchorPolicy::Warn) => c.anchor_policy = AnchorPolicy::Warn,
+    let anchors = enum_value("config.anchor_policy", p.anchor_policy, &mut bad);
+    if let Some(policy) = anchors.and_then(anchor_policy_from_pb) {
+        c.anchor_policy = policy;
     }
-    match enum_value::<pb::SessionMode>("config.mode", p.mode, &mut bad) {
-        Some(pb::SessionMode::Unspecified) | None => {}
-        Some(pb::SessionMode::Auto) => c.mode = SessionMode::Auto,
-        Some(pb::SessionMode::Approval) => c.mode = SessionMode::Approval,
+    if let Some(mode) = enum_value("config.mode", p.mode, &mut bad).and_then(mode_from_pb) {
+        c.mode = mode;
     }
     if let Some(w) = &p.workload {
         c.workload = Some(workload_from_pb(w));

@@ -9,8 +9,7 @@ use std::hash::Hash;
 use std::sync::atomic::AtomicU64;
 
 use ctxbroker_core::Marker;
-use ctxbroker_core::marker::{CompactionTrigger, Outcome};
-use ctxbroker_core::plan::ViolationKind;
+use ctxbroker_core::marker::Outcome;
 use ctxbroker_proto::v1 as pb;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use crate::BuildInfo;
 use crate::broker::now_ms;
+use crate::convert::{compaction_trigger_to_pb, outcome_to_pb, violation_kind_to_pb};
 use crate::error::ApiError;
 
 /// Flush latency buckets, in seconds: 100 µs to 2.5 s.
@@ -33,61 +33,30 @@ const FLUSH_BUCKETS: [f64; 14] = [
 /// replayed (an idempotent retry), escalated, refused.
 const ADMISSIONS: [&str; 4] = ["admitted", "replayed", "escalated", "refused"];
 
-const TRIGGERS: [(CompactionTrigger, &str); 5] = [
-    (CompactionTrigger::HardBudget, "HARD_BUDGET"),
-    (CompactionTrigger::SoftWatermark, "SOFT_WATERMARK"),
-    (CompactionTrigger::Staleness, "STALENESS"),
-    (CompactionTrigger::Manual, "MANUAL"),
-    (CompactionTrigger::Unpin, "UNPIN"),
-];
-
-const OUTCOMES: [(Outcome, &str); 2] = [
-    (Outcome::Committed, "COMMITTED"),
-    (Outcome::Aborted, "ABORTED"),
-];
-
-const VIOLATIONS: [(ViolationKind, &str); 8] = [
-    (ViolationKind::PinnedMissing, "PINNED_MISSING"),
-    (ViolationKind::PredicateUnsatisfied, "PREDICATE_UNSATISFIED"),
-    (ViolationKind::OverBudget, "OVER_BUDGET"),
-    (ViolationKind::PinnedExceedBudget, "PINNED_EXCEED_BUDGET"),
-    (ViolationKind::TurnTooLarge, "TURN_TOO_LARGE"),
-    (ViolationKind::GenerationExceeded, "GENERATION_EXCEEDED"),
-    (ViolationKind::AnchorMissing, "ANCHOR_MISSING"),
-    (ViolationKind::PlanInconsistent, "PLAN_INCONSISTENT"),
-];
-
 const CLASSES: [&str; 2] = ["constraint", "narrative"];
 
-fn trigger_index(trigger: CompactionTrigger) -> usize {
-    // Exhaustive: a new trigger must be given a label.
-    match trigger {
-        CompactionTrigger::HardBudget => 0,
-        CompactionTrigger::SoftWatermark => 1,
-        CompactionTrigger::Staleness => 2,
-        CompactionTrigger::Manual => 3,
-        CompactionTrigger::Unpin => 4,
-    }
+/// Compaction triggers, outcomes and violation kinds: the wire enums'
+/// values after UNSPECIFIED, each a label value.
+const TRIGGERS: usize = 5;
+const OUTCOMES: usize = 2;
+const VIOLATIONS: usize = 8;
+
+/// The label values of a wire enum with `N` values after UNSPECIFIED, in
+/// number order from 1: their names (`name` of each number) without the
+/// enum's `prefix` ("COMPACTION_TRIGGER_HARD_BUDGET" is "HARD_BUDGET").
+fn wire_labels<const N: usize>(
+    prefix: &str,
+    name: impl Fn(i32) -> Option<&'static str>,
+) -> [&'static str; N] {
+    std::array::from_fn(|i| {
+        let full = i32::try_from(i + 1).ok().and_then(&name).unwrap_or("");
+        full.strip_prefix(prefix).unwrap_or(full)
+    })
 }
 
-fn outcome_index(outcome: Outcome) -> usize {
-    match outcome {
-        Outcome::Committed => 0,
-        Outcome::Aborted => 1,
-    }
-}
-
-fn violation_index(kind: ViolationKind) -> usize {
-    match kind {
-        ViolationKind::PinnedMissing => 0,
-        ViolationKind::PredicateUnsatisfied => 1,
-        ViolationKind::OverBudget => 2,
-        ViolationKind::PinnedExceedBudget => 3,
-        ViolationKind::TurnTooLarge => 4,
-        ViolationKind::GenerationExceeded => 5,
-        ViolationKind::AnchorMissing => 6,
-        ViolationKind::PlanInconsistent => 7,
-    }
+/// A wire enum value's place in its [`wire_labels`].
+fn wire_index(value: impl Into<i32>) -> usize {
+    usize::try_from(value.into()).map_or(0, |v| v.saturating_sub(1))
 }
 
 /// One label: name and value.
@@ -126,12 +95,12 @@ pub(super) struct Counters {
     admitted_tokens: Counter,
     admitted_spans: [Counter; 2],
     /// trigger × outcome.
-    compactions: [Counter; 10],
+    compactions: [Counter; TRIGGERS * OUTCOMES],
     evicted_spans: Counter,
     reclaimed_tokens: Counter,
     anchors_dropped: Counter,
-    escalations: [Counter; 5],
-    verification_failures: [Counter; 8],
+    escalations: [Counter; TRIGGERS],
+    verification_failures: [Counter; VIOLATIONS],
     pub(super) watcher_log_fallbacks: Counter,
     pub(super) flush: Histogram,
 }
@@ -152,10 +121,24 @@ impl Counters {
             started,
         );
         let r = registry;
-        let compaction_labels: [[Label; 2]; 10] = std::array::from_fn(|i| {
-            let trigger = TRIGGERS.get(i / OUTCOMES.len()).map_or("", |t| t.1);
-            let outcome = OUTCOMES.get(i % OUTCOMES.len()).map_or("", |o| o.1);
-            [("trigger", trigger), ("outcome", outcome)]
+        let triggers: [&str; TRIGGERS] = wire_labels("COMPACTION_TRIGGER_", |v| {
+            pb::CompactionTrigger::try_from(v)
+                .ok()
+                .map(|t| t.as_str_name())
+        });
+        let outcomes: [&str; OUTCOMES] = wire_labels("COMPACTION_OUTCOME_", |v| {
+            pb::CompactionOutcome::try_from(v)
+                .ok()
+                .map(|o| o.as_str_name())
+        });
+        let violations: [&str; VIOLATIONS] = wire_labels("VIOLATION_KIND_", |v| {
+            pb::ViolationKind::try_from(v).ok().map(|k| k.as_str_name())
+        });
+        let compaction_labels: [[Label; 2]; TRIGGERS * OUTCOMES] = std::array::from_fn(|i| {
+            [
+                ("trigger", triggers[i / OUTCOMES]),
+                ("outcome", outcomes[i % OUTCOMES]),
+            ]
         });
         let counters = Counters {
             admissions: counters(
@@ -200,13 +183,13 @@ impl Counters {
                 r,
                 "ctxbroker_escalations",
                 "Compactions that could not be made valid: nothing committed, the caller got FAILED_PRECONDITION, watchers an ABORTED marker",
-                TRIGGERS.map(|(_, trigger)| [("trigger", trigger)]),
+                triggers.map(|trigger| [("trigger", trigger)]),
             ),
             verification_failures: counters(
                 r,
                 "ctxbroker_verification_failures",
                 "Violations found by pre-commit verification in escalated compactions, by reason",
-                VIOLATIONS.map(|(_, reason)| [("reason", reason)]),
+                violations.map(|reason| [("reason", reason)]),
             ),
             watcher_log_fallbacks: counter(
                 r,
@@ -247,9 +230,9 @@ impl Counters {
     /// Counts the markers of a flushed batch.
     pub(super) fn markers(&self, markers: &[Marker]) {
         for marker in markers {
-            let trigger = trigger_index(marker.trigger);
-            let outcome = outcome_index(marker.outcome);
-            inc(self.compactions.get(trigger * OUTCOMES.len() + outcome), 1);
+            let trigger = wire_index(compaction_trigger_to_pb(marker.trigger));
+            let outcome = wire_index(outcome_to_pb(marker.outcome));
+            inc(self.compactions.get(trigger * OUTCOMES + outcome), 1);
             match marker.outcome {
                 Outcome::Committed => {
                     self.evicted_spans.inc_by(marker.evicted.len() as u64);
@@ -264,7 +247,7 @@ impl Counters {
                     for violation in &marker.violations {
                         inc(
                             self.verification_failures
-                                .get(violation_index(violation.kind)),
+                                .get(wire_index(violation_kind_to_pb(violation.kind))),
                             1,
                         );
                     }
@@ -283,20 +266,33 @@ fn inc(counter: Option<&Counter>, n: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ctxbroker_core::marker::CompactionTrigger;
 
     #[test]
-    fn label_tables_follow_the_index_functions() {
-        for (i, (trigger, _)) in TRIGGERS.iter().enumerate() {
-            assert_eq!(trigger_index(*trigger), i);
-        }
-        for (i, (outcome, _)) in OUTCOMES.iter().enumerate() {
-            assert_eq!(outcome_index(*outcome), i);
-        }
-        for (i, (kind, name)) in VIOLATIONS.iter().enumerate() {
-            assert_eq!(violation_index(*kind), i);
-            // The wire name without its enum prefix.
-            let wire = crate::convert::violation_kind_name(*kind);
-            assert_eq!(wire.strip_prefix("VIOLATION_KIND_"), Some(*name));
-        }
+    fn every_wire_value_has_its_label() {
+        let triggers: [&str; TRIGGERS] = wire_labels("COMPACTION_TRIGGER_", |v| {
+            pb::CompactionTrigger::try_from(v)
+                .ok()
+                .map(|t| t.as_str_name())
+        });
+        assert_eq!(
+            triggers,
+            [
+                "HARD_BUDGET",
+                "SOFT_WATERMARK",
+                "STALENESS",
+                "MANUAL",
+                "UNPIN"
+            ]
+        );
+        // One past the last value is no value: the counts are the enums'.
+        assert!(pb::CompactionTrigger::try_from(TRIGGERS as i32 + 1).is_err());
+        assert!(pb::CompactionOutcome::try_from(OUTCOMES as i32 + 1).is_err());
+        assert!(pb::ViolationKind::try_from(VIOLATIONS as i32 + 1).is_err());
+        assert_eq!(
+            wire_index(compaction_trigger_to_pb(CompactionTrigger::Unpin)),
+            4
+        );
+        assert_eq!(wire_index(outcome_to_pb(Outcome::Aborted)), 1);
     }
 }
