@@ -20,7 +20,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
-use ctxbroker_core::session::Session;
+use ctxbroker_core::session::{Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
@@ -498,19 +498,21 @@ impl Sessions {
             return Ok(None);
         }
         if guard.is_none() {
-            let owned = id.to_owned();
-            let Some(record) = blocking::read(store, move |store| store.session(&owned)).await?
-            else {
-                drop(guard);
-                self.forget(id, &slot);
-                return Err(ApiError::SessionNotFound(id.to_owned()));
-            };
-            if !trigger::staleness_due(&record, crate::broker::now_ms()) {
-                // Not loaded; the empty slot leaves the registry unless a
-                // request is already waiting for it.
-                drop(guard);
-                lock(&self.registry).remove_unused(id, &slot);
-                return Ok(None);
+            let now = crate::broker::now_ms();
+            match load_if(store, id, move |record| trigger::staleness_due(record, now)).await? {
+                Found::Missing => {
+                    drop(guard);
+                    self.forget(id, &slot);
+                    return Err(ApiError::SessionNotFound(id.to_owned()));
+                }
+                Found::Skipped => {
+                    // Not loaded; the empty slot leaves the registry unless
+                    // a request is already waiting for it.
+                    drop(guard);
+                    lock(&self.registry).remove_unused(id, &slot);
+                    return Ok(None);
+                }
+                Found::Loaded(loaded) => *guard = Some(*loaded),
             }
         }
         if !self.fill(store, id, &mut guard).await? {
@@ -534,13 +536,41 @@ impl Sessions {
 
 /// The session as the store holds it, read off the async workers.
 async fn load(store: &Store, id: &str) -> Result<Option<Loaded>, ApiError> {
+    Ok(match load_if(store, id, |_| true).await? {
+        Found::Loaded(loaded) => Some(*loaded),
+        Found::Missing | Found::Skipped => None,
+    })
+}
+
+/// What [`load_if`] found.
+enum Found {
+    /// No such session.
+    Missing,
+    /// The session exists, but its record was not wanted.
+    Skipped,
+    /// The session, loaded.
+    Loaded(Box<Loaded>),
+}
+
+/// Loads a session if its record is `wanted`, in one read off the async
+/// workers: the record is read once, and the spans only when wanted.
+async fn load_if(
+    store: &Store,
+    id: &str,
+    wanted: impl FnOnce(&SessionRecord) -> bool + Send + 'static,
+) -> Result<Found, ApiError> {
     let id = id.to_owned();
     blocking::read(store, move |store| -> Result<_, ApiError> {
         let Some(record) = store.session(&id)? else {
-            return Ok(None);
+            return Ok(Found::Missing);
         };
+        if !wanted(&record) {
+            return Ok(Found::Skipped);
+        }
         let spans = store.live_spans(&id)?;
-        Ok(Some(Loaded::new(Session::new(record, spans))))
+        Ok(Found::Loaded(Box::new(Loaded::new(Session::new(
+            record, spans,
+        )))))
     })
     .await
 }
