@@ -527,58 +527,40 @@ pub fn run(options: &Options) -> Result<Report, Failure> {
     tokens::warm_up(TokenizerKind::O200kBase);
     let mut sessions = Vec::with_capacity(options.sessions);
     for session in 0..options.sessions {
-        let started = Instant::now();
-        let trace = trace::generate(
-            options.seed,
-            session,
-            options.turns,
-            options.window,
-            counter,
-            Phrasing::Templates,
-        );
-        eprintln!(
-            "session {session}: trace generated and counted in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        let mut results = Vec::with_capacity(3);
-        for kind in PolicyKind::ALL {
-            let started = Instant::now();
-            let (stats, points) = policy::replay(kind, &trace, &config, counter, session);
-            eprintln!(
-                "session {session}: {} replayed in {:.1} s",
-                kind.key(),
-                started.elapsed().as_secs_f64()
-            );
-            results.push((kind, stats, points));
-        }
+        let generate = |phrasing| {
+            trace::generate(
+                options.seed,
+                session,
+                options.turns,
+                options.window,
+                counter,
+                phrasing,
+            )
+        };
+        let replay = |kind: PolicyKind, trace: &trace::Trace| {
+            let what = format!("{} replayed", kind.key());
+            let (stats, points) = timed(session, &what, || {
+                policy::replay(kind, trace, &config, counter, session)
+            });
+            (kind, stats, points)
+        };
+        let trace = timed(session, "trace generated and counted", || {
+            generate(Phrasing::Templates)
+        });
+        let mut results: Vec<_> = PolicyKind::ALL
+            .into_iter()
+            .map(|kind| replay(kind, &trace))
+            .collect();
         let mut unlabelled = None;
         if let Some(deal) = &deal {
             let share = deal
                 .shares
                 .get(session)
                 .ok_or_else(|| format!("no held-out share for session {session}"))?;
-            let started = Instant::now();
-            let trace = trace::generate(
-                options.seed,
-                session,
-                options.turns,
-                options.window,
-                counter,
-                Phrasing::HeldOut(share),
-            );
-            eprintln!(
-                "session {session}: unlabelled trace generated and counted in {:.1} s",
-                started.elapsed().as_secs_f64()
-            );
-            let started = Instant::now();
-            let kind = PolicyKind::Unlabelled;
-            let (stats, points) = policy::replay(kind, &trace, &config, counter, session);
-            eprintln!(
-                "session {session}: {} replayed in {:.1} s",
-                kind.key(),
-                started.elapsed().as_secs_f64()
-            );
-            results.push((kind, stats, points));
+            let trace = timed(session, "unlabelled trace generated and counted", || {
+                generate(Phrasing::HeldOut(share))
+            });
+            results.push(replay(PolicyKind::Unlabelled, &trace));
             let mut shape = UnlabelledShape {
                 tokens: trace.tokens(),
                 burst_outputs: trace.burst_outputs,
@@ -822,6 +804,17 @@ pub fn write_csv(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Runs `work` for a session's trace, telling how long it took.
+fn timed<T>(session: usize, what: &str, work: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let done = work();
+    eprintln!(
+        "session {session}: {what} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    done
 }
 
 /// `replay [flags]`: prints the table; writes the CSV when asked.
