@@ -29,16 +29,20 @@ pub fn timestamp(ms: u64) -> prost_types::Timestamp {
 }
 
 /// A domain enum and its wire twin, whose variants bear the same names:
-/// `$to` gives the wire value of a domain one, `$from` the domain value
-/// of a wire one (`None` for UNSPECIFIED, which has no domain value).
+/// `$to` gives the wire value of a domain one and, for the enums requests
+/// carry, `$from` the domain value of a wire one (`None` for UNSPECIFIED,
+/// which has no domain value).
 macro_rules! twins {
-    ($domain:ident <=> $wire:ident, $to:ident, $from:ident, [$($v:ident),+ $(,)?]) => {
+    ($domain:ident <=> $wire:ident, $to:ident, [$($v:ident),+ $(,)?]) => {
         #[doc = concat!("The wire form of a domain `", stringify!($domain), "`.")]
         pub fn $to(value: $domain) -> pb::$wire {
             match value {
                 $($domain::$v => pb::$wire::$v,)+
             }
         }
+    };
+    ($domain:ident <=> $wire:ident, $to:ident, $from:ident, [$($v:ident),+ $(,)?]) => {
+        twins!($domain <=> $wire, $to, [$($v),+]);
 
         #[doc = concat!("The domain form of a wire `", stringify!($wire), "`; `None` for")]
         #[doc = "UNSPECIFIED."]
@@ -55,9 +59,7 @@ twins!(Role <=> Role, role_to_pb, role_from_pb, [User, Assistant, Tool, System])
 twins!(SpanClass <=> SpanClass, class_to_pb, class_from_pb, [
     Narrative, Constraint, Summary, Protected,
 ]);
-twins!(ClassSource <=> ClassSource, class_source_to_pb, class_source_from_pb, [
-    Caller, Rules, Broker,
-]);
+twins!(ClassSource <=> ClassSource, class_source_to_pb, [Caller, Rules, Broker]);
 twins!(Modality <=> Modality, modality_to_pb, modality_from_pb, [
     Prohibition, Requirement, Restriction, Correction,
 ]);
@@ -74,15 +76,14 @@ twins!(AnchorPolicy <=> AnchorPolicy, anchor_policy_to_pb, anchor_policy_from_pb
     Require, Warn,
 ]);
 twins!(SessionMode <=> SessionMode, mode_to_pb, mode_from_pb, [Auto, Approval]);
-twins!(CompactionTrigger <=> CompactionTrigger,
-    compaction_trigger_to_pb, compaction_trigger_from_pb, [
+twins!(CompactionTrigger <=> CompactionTrigger, compaction_trigger_to_pb, [
     HardBudget, SoftWatermark, Staleness, Manual, Unpin,
 ]);
-twins!(Outcome <=> CompactionOutcome, outcome_to_pb, outcome_from_pb, [Committed, Aborted]);
-twins!(EvictionReason <=> EvictionReason, eviction_reason_to_pb, eviction_reason_from_pb, [
+twins!(Outcome <=> CompactionOutcome, outcome_to_pb, [Committed, Aborted]);
+twins!(EvictionReason <=> EvictionReason, eviction_reason_to_pb, [
     BelowFloor, Budget, TierFull,
 ]);
-twins!(ViolationKind <=> ViolationKind, violation_kind_to_pb, violation_kind_from_pb, [
+twins!(ViolationKind <=> ViolationKind, violation_kind_to_pb, [
     PinnedMissing, PredicateUnsatisfied, OverBudget, PinnedExceedBudget, TurnTooLarge,
     GenerationExceeded, AnchorMissing, PlanInconsistent,
 ]);
