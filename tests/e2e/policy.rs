@@ -526,8 +526,11 @@ async fn the_staleness_guard_sleeps_while_idle_and_fires_while_busy() {
 #[tokio::test]
 async fn the_staleness_guard_outlives_a_restart() {
     // A session that admitted and was never compacted is due once its
-    // interval has passed, even if the daemon restarted meanwhile and
-    // nothing has touched the session since.
+    // interval has passed, even if the daemon was down meanwhile and
+    // nothing has touched the session since. The daemon stays down until
+    // every span but the latest is older than the interval, so the one
+    // compaction after the start evicts exactly those two.
+    let interval = Duration::from_millis(2000);
     let mut daemon = Daemon::start().await;
     let mut client = daemon.client().await;
     create(
@@ -535,7 +538,7 @@ async fn the_staleness_guard_outlives_a_restart() {
         "after",
         pb::SessionConfig {
             trigger: pb::TriggerPolicy::Hybrid as i32,
-            staleness_interval_ms: Some(1000),
+            staleness_interval_ms: Some(interval.as_millis() as u64),
             ..window(100_000)
         },
     )
@@ -545,6 +548,9 @@ async fn the_staleness_guard_outlives_a_restart() {
             .await
             .unwrap();
     }
+    let admitted = std::time::Instant::now();
+    daemon.kill9();
+    tokio::time::sleep_until((admitted + interval + Duration::from_millis(200)).into()).await;
     daemon.restart().await;
     let mut client = daemon.client().await;
     let mut watch = client
