@@ -82,148 +82,98 @@ codes!(ViolationKind, violation_code, violation_kind_from, "violation kind", {
     PlanInconsistent = 8,
 });
 
+/// A struct literal of `$ty` whose listed fields are taken from `$from`'s
+/// fields of the same name (cloned from a reference with `&`, moved
+/// otherwise), followed by the fields that need a conversion. Every field
+/// is still named once, so a field added on either side without the other
+/// fails to compile.
+macro_rules! same_fields {
+    (&$from:ident => $ty:ident [$($field:ident),+ $(,)?] $($rest:tt)*) => {
+        $ty { $($field: Clone::clone(&$from.$field),)+ $($rest)* }
+    };
+    ($from:ident => $ty:ident [$($field:ident),+ $(,)?] $($rest:tt)*) => {
+        $ty { $($field: $from.$field,)+ $($rest)* }
+    };
+}
+
 pub(super) fn required<T>(value: Option<T>, what: &str) -> Result<T, String> {
     value.ok_or_else(|| format!("missing {what}"))
 }
 
 pub(super) fn workload_row(w: &DeclaredWorkload) -> WorkloadRow {
-    WorkloadRow {
-        window_tokens: w.window_tokens,
-        alpha: w.alpha,
-        reserved_overhead_tokens: w.reserved_overhead_tokens,
-        cadence_ms: w.cadence_ms,
-        max_single_injection_tokens: w.max_single_injection_tokens,
-        max_interval_accumulation_tokens: w.max_interval_accumulation_tokens,
-        idle_gaps: w.idle_gaps,
-    }
+    same_fields!(&w => WorkloadRow [
+        window_tokens, alpha, reserved_overhead_tokens, cadence_ms,
+        max_single_injection_tokens, max_interval_accumulation_tokens, idle_gaps,
+    ])
 }
 
 pub(super) fn workload_from(row: WorkloadRow) -> DeclaredWorkload {
-    DeclaredWorkload {
-        window_tokens: row.window_tokens,
-        alpha: row.alpha,
-        reserved_overhead_tokens: row.reserved_overhead_tokens,
-        cadence_ms: row.cadence_ms,
-        max_single_injection_tokens: row.max_single_injection_tokens,
-        max_interval_accumulation_tokens: row.max_interval_accumulation_tokens,
-        idle_gaps: row.idle_gaps,
-    }
+    same_fields!(row => DeclaredWorkload [
+        window_tokens, alpha, reserved_overhead_tokens, cadence_ms,
+        max_single_injection_tokens, max_interval_accumulation_tokens, idle_gaps,
+    ])
 }
 
 pub(super) fn config_row(c: &SessionConfig) -> ConfigRow {
-    ConfigRow {
-        window_tokens: c.window_tokens,
-        alpha: c.alpha,
-        soft_watermark: c.soft_watermark,
-        reserved_overhead_tokens: c.reserved_overhead_tokens,
-        relevance_floor: c.relevance_floor,
+    let (relevance, tuning) = (&c.relevance, &c.classifier_tuning);
+    let tuning =
+        same_fields!(&tuning => TuningRow [pin_threshold, pin_phrases, protected_fraction]);
+    same_fields!(&c => ConfigRow [
+        window_tokens, alpha, soft_watermark, reserved_overhead_tokens, relevance_floor,
+        staleness_interval_ms, max_summary_generations, summary_max_tokens, anchor_budget_tokens,
+    ]
         trigger: trigger_policy_code(c.trigger),
-        staleness_interval_ms: c.staleness_interval_ms,
         tokenizer: tokenizer_code(c.tokenizer),
         classifier: classifier_code(c.classifier),
-        max_summary_generations: c.max_summary_generations,
         anchor_policy: anchor_policy_code(c.anchor_policy),
         mode: mode_code(c.mode),
-        summary_max_tokens: c.summary_max_tokens,
         workload: c.workload.as_ref().map(workload_row),
-        relevance: Some(RelevanceRow {
-            recency: c.relevance.recency,
-            similarity: c.relevance.similarity,
-            length: c.relevance.length,
-            hint: c.relevance.hint,
-            recency_half_life_turns: c.relevance.recency_half_life_turns,
-        }),
-        anchor_budget_tokens: c.anchor_budget_tokens,
-        classifier_tuning: Some(TuningRow {
-            pin_threshold: c.classifier_tuning.pin_threshold,
-            pin_phrases: c.classifier_tuning.pin_phrases.clone(),
-            protected_fraction: c.classifier_tuning.protected_fraction,
-        }),
-    }
+        relevance: Some(same_fields!(&relevance => RelevanceRow [
+            recency, similarity, length, hint, recency_half_life_turns,
+        ])),
+        classifier_tuning: Some(tuning),
+    )
 }
 
 pub(super) fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
-    Ok(SessionConfig {
-        window_tokens: row.window_tokens,
-        alpha: row.alpha,
-        soft_watermark: row.soft_watermark,
-        reserved_overhead_tokens: row.reserved_overhead_tokens,
-        relevance_floor: row.relevance_floor,
+    let relevance = row.relevance.map(|r| {
+        same_fields!(r => RelevanceWeights [
+            recency, similarity, length, hint, recency_half_life_turns,
+        ])
+    });
+    let tuning = row.classifier_tuning.map(
+        |t| same_fields!(t => ClassifierTuning [pin_threshold, pin_phrases, protected_fraction]),
+    );
+    Ok(same_fields!(row => SessionConfig [
+        window_tokens, alpha, soft_watermark, reserved_overhead_tokens, relevance_floor,
+        staleness_interval_ms, max_summary_generations, summary_max_tokens, anchor_budget_tokens,
+    ]
         trigger: trigger_policy_from(row.trigger)?,
-        staleness_interval_ms: row.staleness_interval_ms,
         tokenizer: tokenizer_from(row.tokenizer)?,
         classifier: classifier_from(row.classifier)?,
-        max_summary_generations: row.max_summary_generations,
         anchor_policy: anchor_policy_from(row.anchor_policy)?,
         mode: mode_from(row.mode)?,
-        summary_max_tokens: row.summary_max_tokens,
         workload: row.workload.map(workload_from),
-        relevance: row
-            .relevance
-            .map(|r| RelevanceWeights {
-                recency: r.recency,
-                similarity: r.similarity,
-                length: r.length,
-                hint: r.hint,
-                recency_half_life_turns: r.recency_half_life_turns,
-            })
-            .unwrap_or_default(),
-        anchor_budget_tokens: row.anchor_budget_tokens,
-        classifier_tuning: row
-            .classifier_tuning
-            .map(|t| ClassifierTuning {
-                pin_threshold: t.pin_threshold,
-                pin_phrases: t.pin_phrases,
-                protected_fraction: t.protected_fraction,
-            })
-            .unwrap_or_default(),
-    })
+        relevance: relevance.unwrap_or_default(),
+        classifier_tuning: tuning.unwrap_or_default(),
+    ))
 }
 
 pub(super) fn session_row(r: &SessionRecord) -> SessionRow {
-    SessionRow {
-        id: r.id.clone(),
-        config: Some(config_row(&r.config)),
-        created_at_ms: r.created_at_ms,
-        updated_at_ms: r.updated_at_ms,
-        revision: r.revision,
-        next_span_id: r.next_span_id,
-        turns: r.turns,
-        marker_count: r.marker_count,
-        compactions: r.compactions,
-        archived_spans: r.archived_spans,
-        live_tokens: r.live_tokens,
-        pinned_tokens: r.pinned_tokens,
-        live_spans: r.live_spans,
-        pinned_spans: r.pinned_spans,
-        approval_required: r.approval_required,
-        last_compaction_turn: r.last_compaction_turn,
-        last_admit_ms: r.last_admit_ms,
-        last_compaction_ms: r.last_compaction_ms,
-    }
+    same_fields!(&r => SessionRow [
+        id, created_at_ms, updated_at_ms, revision, next_span_id, turns, marker_count,
+        compactions, archived_spans, live_tokens, pinned_tokens, live_spans, pinned_spans,
+        approval_required, last_compaction_turn, last_admit_ms, last_compaction_ms,
+    ] config: Some(config_row(&r.config)))
 }
 
 pub(super) fn session_from(row: SessionRow) -> Result<SessionRecord, String> {
-    Ok(SessionRecord {
-        id: row.id,
-        config: config_from(required(row.config, "config")?)?,
-        created_at_ms: row.created_at_ms,
-        updated_at_ms: row.updated_at_ms,
-        revision: row.revision,
-        next_span_id: row.next_span_id,
-        turns: row.turns,
-        marker_count: row.marker_count,
-        compactions: row.compactions,
-        archived_spans: row.archived_spans,
-        live_tokens: row.live_tokens,
-        pinned_tokens: row.pinned_tokens,
-        live_spans: row.live_spans,
-        pinned_spans: row.pinned_spans,
-        approval_required: row.approval_required,
-        last_compaction_turn: row.last_compaction_turn,
-        last_admit_ms: row.last_admit_ms,
-        last_compaction_ms: row.last_compaction_ms,
-    })
+    let config = config_from(required(row.config, "config")?)?;
+    Ok(same_fields!(row => SessionRecord [
+        id, created_at_ms, updated_at_ms, revision, next_span_id, turns, marker_count,
+        compactions, archived_spans, live_tokens, pinned_tokens, live_spans, pinned_spans,
+        approval_required, last_compaction_turn, last_admit_ms, last_compaction_ms,
+    ] config))
 }
 
 pub(super) fn predicate_row(p: &Predicate) -> PredicateRow {
@@ -243,142 +193,72 @@ pub(super) fn predicate_from(row: PredicateRow) -> Result<Predicate, String> {
 }
 
 pub(super) fn span_row(s: &Span) -> SpanRow {
-    SpanRow {
-        id: s.id,
-        position: s.position,
+    let class = &s.classification;
+    same_fields!(&s => SpanRow [
+        id, position, text, tokens, generation, turn, relevance_hint, admitted_at_ms,
+    ]
         role: role_code(s.role),
         classification: Some(ClassificationRow {
-            class: class_code(s.classification.class),
-            source: class_source_code(s.classification.source),
-            rule: s.classification.rule.clone(),
+            class: class_code(class.class),
+            source: class_source_code(class.source),
+            rule: class.rule.clone(),
         }),
-        text: s.text.clone(),
-        tokens: s.tokens,
-        generation: s.generation,
-        turn: s.turn,
         predicate: s.predicate.as_ref().map(predicate_row),
-        summary: s.summary.as_ref().map(|info| SummaryRow {
-            covers: info.covers.clone(),
-            anchors: info.anchors.clone(),
-            anchors_dropped: info.anchors_dropped,
-        }),
-        relevance_hint: s.relevance_hint,
-        admitted_at_ms: s.admitted_at_ms,
-        original: s.original.as_ref().map(|o| OriginalRow {
-            text: o.text.clone(),
-            tokens: o.tokens,
-        }),
-    }
+        summary: (s.summary.as_ref())
+            .map(|info| same_fields!(&info => SummaryRow [covers, anchors, anchors_dropped])),
+        original: s.original.as_ref().map(|o| same_fields!(&o => OriginalRow [text, tokens])),
+    )
 }
 
 pub(super) fn span_from(row: SpanRow) -> Result<Span, String> {
     let class = required(row.classification, "classification")?;
-    Ok(Span {
-        id: row.id,
-        position: row.position,
-        role: role_from(row.role)?,
-        classification: Classification {
-            class: class_from(class.class)?,
-            source: class_source_from(class.source)?,
-            rule: class.rule,
-        },
-        text: row.text,
-        tokens: row.tokens,
-        generation: row.generation,
-        turn: row.turn,
-        predicate: row.predicate.map(predicate_from).transpose()?,
-        summary: row.summary.map(|info| SummaryInfo {
-            covers: info.covers,
-            anchors: info.anchors,
-            anchors_dropped: info.anchors_dropped,
-        }),
-        relevance_hint: row.relevance_hint,
-        admitted_at_ms: row.admitted_at_ms,
-        original: row.original.map(|o| OriginalForm {
-            text: o.text,
-            tokens: o.tokens,
-        }),
-    })
+    let classification = Classification {
+        class: class_from(class.class)?,
+        source: class_source_from(class.source)?,
+        rule: class.rule,
+    };
+    let predicate = row.predicate.map(predicate_from).transpose()?;
+    let summary = (row.summary)
+        .map(|info| same_fields!(info => SummaryInfo [covers, anchors, anchors_dropped]));
+    let original = (row.original).map(|o| same_fields!(o => OriginalForm [text, tokens]));
+    let role = role_from(row.role)?;
+    Ok(same_fields!(row => Span [
+        id, position, text, tokens, generation, turn, relevance_hint, admitted_at_ms,
+    ] role, classification, predicate, summary, original))
 }
 
 pub(super) fn violation_row(v: &Violation) -> ViolationRow {
-    ViolationRow {
-        kind: violation_code(v.kind),
-        span_id: v.span_id,
-        detail: v.detail.clone(),
-        missing_terms: v.missing_terms.clone(),
-    }
+    same_fields!(&v => ViolationRow [span_id, detail, missing_terms] kind: violation_code(v.kind))
 }
 
 pub(super) fn violation_from(row: ViolationRow) -> Result<Violation, String> {
-    Ok(Violation {
-        kind: violation_kind_from(row.kind)?,
-        span_id: row.span_id,
-        detail: row.detail,
-        missing_terms: row.missing_terms,
-    })
+    let kind = violation_kind_from(row.kind)?;
+    Ok(same_fields!(row => Violation [span_id, detail, missing_terms] kind))
 }
 
 pub(super) fn marker_row(m: &Marker) -> MarkerRow {
-    MarkerRow {
-        seq: m.seq,
-        session_id: m.session_id.clone(),
-        session_seq: m.session_seq,
+    same_fields!(&m => MarkerRow [
+        seq, session_id, session_seq, tokens_before, tokens_after, incoming_tokens,
+        window_tokens, budget_tokens, pinned_tokens, evicted, compressed, summary_span_id,
+        summary_generation, pinned_retained, pinned_total, anchors_carried, anchors_dropped,
+        at_ms, session_revision, actor, detail, tier_evicted,
+    ]
         trigger: trigger_code(m.trigger),
         outcome: outcome_code(m.outcome),
-        tokens_before: m.tokens_before,
-        tokens_after: m.tokens_after,
-        incoming_tokens: m.incoming_tokens,
-        window_tokens: m.window_tokens,
-        budget_tokens: m.budget_tokens,
-        pinned_tokens: m.pinned_tokens,
-        evicted: m.evicted.clone(),
-        compressed: m.compressed.clone(),
-        summary_span_id: m.summary_span_id,
-        summary_generation: m.summary_generation,
-        pinned_retained: m.pinned_retained,
-        pinned_total: m.pinned_total,
-        anchors_carried: m.anchors_carried,
-        anchors_dropped: m.anchors_dropped,
         violations: m.violations.iter().map(violation_row).collect(),
-        at_ms: m.at_ms,
-        session_revision: m.session_revision,
-        actor: m.actor.clone(),
-        detail: m.detail.clone(),
-        tier_evicted: m.tier_evicted.clone(),
-    }
+    )
 }
 
 pub(super) fn marker_from(row: MarkerRow) -> Result<Marker, String> {
-    Ok(Marker {
-        seq: row.seq,
-        session_id: row.session_id,
-        session_seq: row.session_seq,
+    let violations = row.violations.into_iter().map(violation_from);
+    Ok(same_fields!(row => Marker [
+        seq, session_id, session_seq, tokens_before, tokens_after, incoming_tokens,
+        window_tokens, budget_tokens, pinned_tokens, evicted, compressed, summary_span_id,
+        summary_generation, pinned_retained, pinned_total, anchors_carried, anchors_dropped,
+        at_ms, session_revision, actor, detail, tier_evicted,
+    ]
         trigger: trigger_from(row.trigger)?,
         outcome: outcome_from(row.outcome)?,
-        tokens_before: row.tokens_before,
-        tokens_after: row.tokens_after,
-        incoming_tokens: row.incoming_tokens,
-        window_tokens: row.window_tokens,
-        budget_tokens: row.budget_tokens,
-        pinned_tokens: row.pinned_tokens,
-        evicted: row.evicted,
-        compressed: row.compressed,
-        summary_span_id: row.summary_span_id,
-        summary_generation: row.summary_generation,
-        pinned_retained: row.pinned_retained,
-        pinned_total: row.pinned_total,
-        anchors_carried: row.anchors_carried,
-        anchors_dropped: row.anchors_dropped,
-        violations: row
-            .violations
-            .into_iter()
-            .map(violation_from)
-            .collect::<Result<_, _>>()?,
-        at_ms: row.at_ms,
-        session_revision: row.session_revision,
-        actor: row.actor,
-        detail: row.detail,
-        tier_evicted: row.tier_evicted,
-    })
+        violations: violations.collect::<Result<_, _>>()?,
+    ))
 }
