@@ -42,15 +42,15 @@ mod registry;
 mod scrape;
 mod timed;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use ctxbroker_core::Marker;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{Store, StoreError};
 use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use crate::BuildInfo;
@@ -75,33 +75,14 @@ pub enum ScrapeError {
     Encode(#[from] std::fmt::Error),
 }
 
-/// The open watches and where each one is in the marker log.
-#[derive(Debug, Default)]
-struct Watchers {
-    next_id: AtomicU64,
-    /// Each watcher's next sequence to deliver. Locked only when a watch
-    /// opens or ends, and by scrapes.
-    positions: Mutex<HashMap<u64, Arc<AtomicU64>>>,
-}
-
-impl Watchers {
-    fn positions(&self) -> Vec<u64> {
-        self.positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .values()
-            .map(|p| p.load(Ordering::Relaxed))
-            .collect()
-    }
-}
-
 /// One watcher's entry in the metrics: its feed reports its position
-/// through it, and dropping it removes the watcher.
+/// through it. The metrics hold it weakly, so dropping it removes the
+/// watcher.
 #[derive(Debug)]
 pub struct WatcherProbe {
-    id: u64,
-    position: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    /// The watcher's next sequence to deliver.
+    position: AtomicU64,
+    fallbacks: Counter,
 }
 
 impl WatcherProbe {
@@ -112,18 +93,7 @@ impl WatcherProbe {
 
     /// The watcher fell behind the live ring and reads the log again.
     pub fn fell_back(&self) {
-        self.metrics.counters.watcher_log_fallbacks.inc();
-    }
-}
-
-impl Drop for WatcherProbe {
-    fn drop(&mut self) {
-        self.metrics
-            .watchers
-            .positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&self.id);
+        self.fallbacks.inc();
     }
 }
 
@@ -135,7 +105,8 @@ pub struct Metrics {
     counters: registry::Counters,
     rpc: timed::RpcTable,
     top_sessions: usize,
-    watchers: Watchers,
+    /// The open watches. Locked only when a watch opens, and by scrapes.
+    watchers: Mutex<Vec<Weak<WatcherProbe>>>,
     /// Microseconds the previous scrape took.
     last_scrape_us: AtomicU64,
     /// One scrape at a time: each walks every stored session.
@@ -154,7 +125,7 @@ impl Metrics {
             counters,
             rpc,
             top_sessions: top_sessions.min(MAX_TOP_SESSIONS),
-            watchers: Watchers::default(),
+            watchers: Mutex::default(),
             last_scrape_us: AtomicU64::new(0),
             scrape: tokio::sync::Mutex::new(()),
         }
@@ -176,31 +147,36 @@ impl Metrics {
     }
 
     /// Registers a watcher whose next sequence to deliver is `next_seq`.
-    pub fn watcher(self: &Arc<Self>, next_seq: u64) -> Arc<WatcherProbe> {
-        let id = self.watchers.next_id.fetch_add(1, Ordering::Relaxed);
-        let position = Arc::new(AtomicU64::new(next_seq));
-        self.watchers
-            .positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id, position.clone());
-        Arc::new(WatcherProbe {
-            id,
-            position,
-            metrics: self.clone(),
-        })
+    pub fn watcher(&self, next_seq: u64) -> Arc<WatcherProbe> {
+        let probe = Arc::new(WatcherProbe {
+            position: AtomicU64::new(next_seq),
+            fallbacks: self.counters.watcher_log_fallbacks.clone(),
+        });
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        // The watches that ended go here, so the list stays bounded.
+        watchers.retain(|watcher| watcher.strong_count() > 0);
+        watchers.push(Arc::downgrade(&probe));
+        probe
     }
 
     /// Renders every family in the text format. Walks the stored sessions,
     /// so it blocks: call it off the runtime's workers.
     pub fn render(&self, store: &Store) -> Result<String, ScrapeError> {
         let started = Instant::now();
+        let positions: Vec<u64> = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|probe| probe.position.load(Ordering::Relaxed))
+            .collect();
         // Read first: reading can fail, encoding a collector cannot report
         // why.
         let scraped = scrape::Scraped::read(
             store,
             self.top_sessions,
-            &self.watchers.positions(),
+            &positions,
             self.last_scrape_us.load(Ordering::Relaxed),
         )?;
         let mut text = String::new();
