@@ -13,12 +13,7 @@
 //! to be accepted), and each one is cut [`CONNECTION_DEADLINE`] after it
 //! was accepted, so slow or silent clients cannot hold the endpoint.
 
-use std::future::Future;
-use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -29,11 +24,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::Listener;
 use ctxbroker_store::Store;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -57,7 +54,7 @@ struct Endpoint {
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.
 pub async fn serve(
-    listener: TcpListener,
+    mut listener: TcpListener,
     metrics: Arc<Metrics>,
     store: Store,
     shutdown: CancellationToken,
@@ -83,23 +80,33 @@ pub async fn serve(
         })
         .layer(middleware::from_fn(one_request))
         .with_state(Endpoint { metrics, store });
-    let listener = Bounded {
-        listener,
-        slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-    };
-    let served =
-        axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tokio::select! {
-        result = served => {
-            if let Err(err) = result {
-                warn!(%err, "metrics endpoint failed");
-            }
-        }
-        () = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {}
+    let service = TowerToHyperService::new(router);
+    let http = Builder::new(TokioExecutor::new());
+    let open = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        // A free slot first, so connections past the limit wait to be
+        // accepted (the semaphore is never closed); axum's `accept` waits
+        // out accept errors.
+        let accepted = async {
+            let slot = slots.clone().acquire_owned().await;
+            (slot, Listener::accept(&mut listener).await)
+        };
+        let (slot, (stream, _)) = tokio::select! {
+            accepted = accepted => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        let served = http.serve_connection_with_upgrades(TokioIo::new(stream), service.clone());
+        let connection = open.watch(served.into_owned());
+        tokio::spawn(async move {
+            // Cut at the deadline, whatever the connection was doing.
+            let _ = tokio::time::timeout(CONNECTION_DEADLINE, connection).await;
+            drop(slot);
+        });
     }
+    drop(listener);
+    // Open connections finish their answer, or are left after the grace.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, open.shutdown()).await;
 }
 
 /// `/metrics`: the exposition, rendered on the blocking pool, one scrape
@@ -148,88 +155,4 @@ async fn one_request(request: Request, next: Next) -> Response {
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
-}
-
-/// A listener with a bounded number of open connections, each with a
-/// deadline.
-struct Bounded {
-    listener: TcpListener,
-    slots: Arc<Semaphore>,
-}
-
-impl Listener for Bounded {
-    type Io = Connection;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Connection, SocketAddr) {
-        // The semaphore is never closed, so this waits for a free slot.
-        let slot = self.slots.clone().acquire_owned().await.ok();
-        let (stream, addr) = Listener::accept(&mut self.listener).await;
-        let connection = Connection {
-            stream,
-            deadline: Box::pin(tokio::time::sleep(CONNECTION_DEADLINE)),
-            _slot: slot,
-        };
-        (connection, addr)
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
-}
-
-/// An accepted connection: its reads and writes fail once its deadline
-/// passed, and it frees its slot when closed.
-struct Connection {
-    stream: TcpStream,
-    deadline: Pin<Box<Sleep>>,
-    _slot: Option<OwnedSemaphorePermit>,
-}
-
-impl Connection {
-    /// `polled`, or a time-out if it waits past the deadline.
-    fn in_time<T>(
-        &mut self,
-        cx: &mut Context<'_>,
-        polled: Poll<io::Result<T>>,
-    ) -> Poll<io::Result<T>> {
-        if polled.is_pending() && self.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
-        }
-        polled
-    }
-}
-
-impl AsyncRead for Connection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
-        this.in_time(cx, polled)
-    }
-}
-
-impl AsyncWrite for Connection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
-        this.in_time(cx, polled)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.stream).poll_flush(cx);
-        this.in_time(cx, polled)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
 }

@@ -9,6 +9,9 @@
 //! - `timed`: the tower service timing `ContextBroker` calls ([`Timed`]);
 //! - `endpoint`: the HTTP endpoint ([`serve`]).
 //!
+//! Every family, with its type, labels and meaning, is listed in
+//! `docs/operators.md`, section 5.
+//!
 //! # Exposition format
 //!
 //! The exposition is the Prometheus text format, version 0.0.4, served as
@@ -20,52 +23,13 @@
 //! today's output refuse. Counters are registered without their `_total`;
 //! the encoder appends it, so the series names are unchanged.
 //!
-//! # Families
-//!
-//! | family | type | labels | what |
-//! |---|---|---|---|
-//! | `ctxbroker_build_info` | gauge | `version`, `commit` | always 1 |
-//! | `ctxbroker_start_time_seconds` | gauge | | when the daemon started |
-//! | `ctxbroker_admissions_total` | counter | `outcome` | turns: `admitted`, `replayed` (idempotent retry), `escalated` (FAILED_PRECONDITION), `refused` (any other error) |
-//! | `ctxbroker_admitted_tokens_total` | counter | | tokens of admitted spans |
-//! | `ctxbroker_admitted_spans_total` | counter | `class` | admitted spans by class |
-//! | `ctxbroker_compactions_total` | counter | `trigger`, `outcome` | every marker written |
-//! | `ctxbroker_compaction_evicted_spans_total` | counter | | spans moved to the archive |
-//! | `ctxbroker_compaction_reclaimed_tokens_total` | counter | | live tokens freed by committed compactions |
-//! | `ctxbroker_anchors_dropped_total` | counter | | anchors a summary could not carry (invariant 8) |
-//! | `ctxbroker_escalations_total` | counter | `trigger` | compactions that could not be made valid (ABORTED markers) |
-//! | `ctxbroker_verification_failures_total` | counter | `reason` | violations in those markers, by kind |
-//! | `ctxbroker_sessions` | gauge | | sessions stored |
-//! | `ctxbroker_live_tokens` | gauge | | live tokens, all sessions |
-//! | `ctxbroker_pinned_tokens` | gauge | | pinned tokens, all sessions |
-//! | `ctxbroker_session_live_tokens` | gauge | `session_id` | the top sessions by live tokens |
-//! | `ctxbroker_session_budget_tokens` | gauge | `session_id` | the same sessions' budgets |
-//! | `ctxbroker_sessions_by_fill` | gauge | `fill` | sessions by live / budget band |
-//! | `ctxbroker_watchers` | gauge | | open WatchCompactions streams |
-//! | `ctxbroker_watchers_lagging` | gauge | | of those, watchers behind the head |
-//! | `ctxbroker_watcher_max_lag_markers` | gauge | | markers the furthest-behind watcher has not yet taken |
-//! | `ctxbroker_watcher_log_fallbacks_total` | counter | | times a watcher fell behind the live ring and went back to the log |
-//! | `ctxbroker_marker_next_seq` | gauge | | the sequence the next marker will take |
-//! | `ctxbroker_store_flush_duration_seconds` | histogram | | each flush of the engine |
-//! | `ctxbroker_store_writes_total` | counter | | writes the store's writer took |
-//! | `ctxbroker_store_rejected_writes_total` | counter | | of those, refused (stale revision, ...) |
-//! | `ctxbroker_store_batches_total` | counter | | batches the writer applied |
-//! | `ctxbroker_store_flushes_total` | counter | | flushes |
-//! | `ctxbroker_store_queued_writes` | gauge | | writes waiting for the writer |
-//! | `ctxbroker_rpc_duration_seconds` | histogram | `method`, `code` | `ContextBroker` calls (written once a call was timed) |
-//! | `ctxbroker_scrape_duration_seconds` | gauge | | how long the previous scrape took |
-//!
 //! # Bounded cardinality
 //!
-//! Every label takes values from a fixed set, except `session_id`: live
-//! tokens per session are exported for the `top_sessions` sessions with the
-//! most live tokens (10 by default, 0 for none; ties go to the smaller id),
-//! plus aggregates over all sessions — their sum, and how many sessions
-//! fill their budget to 0–50 %, 50–80 %, 80–90 % and 90–100 %. So the
-//! number of series stays bounded whatever the number of sessions, and the
-//! sessions closest to a compaction are the ones named. `method` takes the
-//! contract's RPC names (read from its descriptor set, so a new RPC needs
-//! no change here) or `other`; `code` the 17 gRPC codes.
+//! Every label takes values from a fixed set, except `session_id`, which
+//! names only the `top_sessions` sessions with the most live tokens; the
+//! aggregates count every session. `method` takes the contract's RPC names
+//! (read from its descriptor set, so a new RPC needs no change here) or
+//! `other`; `code` the 17 gRPC codes.
 //!
 //! The labelled counters are created with all their label values when the
 //! daemon starts (a zero is a sample too), and the admission path holds
@@ -78,15 +42,15 @@ mod registry;
 mod scrape;
 mod timed;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use ctxbroker_core::Marker;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{Store, StoreError};
 use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
 use crate::BuildInfo;
@@ -111,33 +75,14 @@ pub enum ScrapeError {
     Encode(#[from] std::fmt::Error),
 }
 
-/// The open watches and where each one is in the marker log.
-#[derive(Debug, Default)]
-struct Watchers {
-    next_id: AtomicU64,
-    /// Each watcher's next sequence to deliver. Locked only when a watch
-    /// opens or ends, and by scrapes.
-    positions: Mutex<HashMap<u64, Arc<AtomicU64>>>,
-}
-
-impl Watchers {
-    fn positions(&self) -> Vec<u64> {
-        self.positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .values()
-            .map(|p| p.load(Ordering::Relaxed))
-            .collect()
-    }
-}
-
 /// One watcher's entry in the metrics: its feed reports its position
-/// through it, and dropping it removes the watcher.
+/// through it. The metrics hold it weakly, so dropping it removes the
+/// watcher.
 #[derive(Debug)]
 pub struct WatcherProbe {
-    id: u64,
-    position: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
+    /// The watcher's next sequence to deliver.
+    position: AtomicU64,
+    fallbacks: Counter,
 }
 
 impl WatcherProbe {
@@ -148,18 +93,7 @@ impl WatcherProbe {
 
     /// The watcher fell behind the live ring and reads the log again.
     pub fn fell_back(&self) {
-        self.metrics.counters.watcher_log_fallbacks.inc();
-    }
-}
-
-impl Drop for WatcherProbe {
-    fn drop(&mut self) {
-        self.metrics
-            .watchers
-            .positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(&self.id);
+        self.fallbacks.inc();
     }
 }
 
@@ -171,7 +105,8 @@ pub struct Metrics {
     counters: registry::Counters,
     rpc: timed::RpcTable,
     top_sessions: usize,
-    watchers: Watchers,
+    /// The open watches. Locked only when a watch opens, and by scrapes.
+    watchers: Mutex<Vec<Weak<WatcherProbe>>>,
     /// Microseconds the previous scrape took.
     last_scrape_us: AtomicU64,
     /// One scrape at a time: each walks every stored session.
@@ -190,7 +125,7 @@ impl Metrics {
             counters,
             rpc,
             top_sessions: top_sessions.min(MAX_TOP_SESSIONS),
-            watchers: Watchers::default(),
+            watchers: Mutex::default(),
             last_scrape_us: AtomicU64::new(0),
             scrape: tokio::sync::Mutex::new(()),
         }
@@ -212,31 +147,36 @@ impl Metrics {
     }
 
     /// Registers a watcher whose next sequence to deliver is `next_seq`.
-    pub fn watcher(self: &Arc<Self>, next_seq: u64) -> Arc<WatcherProbe> {
-        let id = self.watchers.next_id.fetch_add(1, Ordering::Relaxed);
-        let position = Arc::new(AtomicU64::new(next_seq));
-        self.watchers
-            .positions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(id, position.clone());
-        Arc::new(WatcherProbe {
-            id,
-            position,
-            metrics: self.clone(),
-        })
+    pub fn watcher(&self, next_seq: u64) -> Arc<WatcherProbe> {
+        let probe = Arc::new(WatcherProbe {
+            position: AtomicU64::new(next_seq),
+            fallbacks: self.counters.watcher_log_fallbacks.clone(),
+        });
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        // The watches that ended go here, so the list stays bounded.
+        watchers.retain(|watcher| watcher.strong_count() > 0);
+        watchers.push(Arc::downgrade(&probe));
+        probe
     }
 
     /// Renders every family in the text format. Walks the stored sessions,
     /// so it blocks: call it off the runtime's workers.
     pub fn render(&self, store: &Store) -> Result<String, ScrapeError> {
         let started = Instant::now();
+        let positions: Vec<u64> = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|probe| probe.position.load(Ordering::Relaxed))
+            .collect();
         // Read first: reading can fail, encoding a collector cannot report
         // why.
         let scraped = scrape::Scraped::read(
             store,
             self.top_sessions,
-            &self.watchers.positions(),
+            &positions,
             self.last_scrape_us.load(Ordering::Relaxed),
         )?;
         let mut text = String::new();

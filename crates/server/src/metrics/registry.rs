@@ -216,7 +216,7 @@ impl Counters {
                 for span in &reply.spans {
                     tokens += u64::from(span.tokens);
                     let class = usize::from(span.span_class() != pb::SpanClass::Constraint);
-                    inc(self.admitted_spans.get(class), 1);
+                    inc(self.admitted_spans.get(class));
                 }
                 self.admitted_tokens.inc_by(tokens);
                 0
@@ -224,7 +224,7 @@ impl Counters {
             Err(ApiError::Escalation(_)) => 2,
             Err(_) => 3,
         };
-        inc(self.admissions.get(outcome), 1);
+        inc(self.admissions.get(outcome));
     }
 
     /// Counts the markers of a flushed batch.
@@ -232,7 +232,7 @@ impl Counters {
         for marker in markers {
             let trigger = wire_index(compaction_trigger_to_pb(marker.trigger));
             let outcome = wire_index(outcome_to_pb(marker.outcome));
-            inc(self.compactions.get(trigger * OUTCOMES + outcome), 1);
+            inc(self.compactions.get(trigger * OUTCOMES + outcome));
             match marker.outcome {
                 Outcome::Committed => {
                     self.evicted_spans.inc_by(marker.evicted.len() as u64);
@@ -243,13 +243,10 @@ impl Counters {
                         .inc_by(u64::from(marker.anchors_dropped));
                 }
                 Outcome::Aborted => {
-                    inc(self.escalations.get(trigger), 1);
+                    inc(self.escalations.get(trigger));
                     for violation in &marker.violations {
-                        inc(
-                            self.verification_failures
-                                .get(wire_index(violation_kind_to_pb(violation.kind))),
-                            1,
-                        );
+                        let reason = wire_index(violation_kind_to_pb(violation.kind));
+                        inc(self.verification_failures.get(reason));
                     }
                 }
             }
@@ -257,9 +254,9 @@ impl Counters {
     }
 }
 
-fn inc(counter: Option<&Counter>, n: u64) {
+fn inc(counter: Option<&Counter>) {
     if let Some(counter) = counter {
-        counter.inc_by(n);
+        counter.inc();
     }
 }
 

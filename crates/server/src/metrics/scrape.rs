@@ -8,7 +8,7 @@ use std::collections::BinaryHeap;
 
 use ctxbroker_store::{Store, StoreError};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -134,7 +134,7 @@ fn gauge(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    value: u64,
+    value: impl EncodeGaugeValue,
 ) -> Result<(), std::fmt::Error> {
     let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     ConstGauge::new(value).encode(family)
@@ -257,13 +257,12 @@ impl Collector for Scraped {
             stats.queued,
         )?;
 
-        let family = e.encode_descriptor(
+        gauge(
+            e,
             "ctxbroker_scrape_duration_seconds",
             "How long the previous scrape took, most of it walking the stored sessions.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(self.last_scrape_us as f64 / 1e6).encode(family)
+            self.last_scrape_us as f64 / 1e6,
+        )
     }
 }
 

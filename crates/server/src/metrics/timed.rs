@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ const RPC_BUCKETS: [f64; 15] = [
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// The service whose calls are timed.
-const SERVICE: &str = "ctxbroker.v1.ContextBroker";
+/// The path prefix of the service whose calls are timed.
+const PREFIX: &str = "/ctxbroker.v1.ContextBroker/";
 /// The gRPC status codes, by number.
 const CODES: [&str; 17] = [
     "OK",
@@ -55,69 +55,53 @@ const CODE_CANCELLED: usize = 1;
 const CODE_DEADLINE_EXCEEDED: usize = 4;
 
 /// `method` and `code`.
-type RpcLabels = [(&'static str, String); 2];
+type RpcLabels = [(&'static str, &'static str); 2];
 
-fn rpc_buckets() -> Histogram {
-    Histogram::new(RPC_BUCKETS)
-}
+/// The contract's methods, read once.
+static METHODS: LazyLock<Vec<String>> = LazyLock::new(contract_methods);
 
 /// Latency of the contract's RPCs, by method and status code.
 #[derive(Debug)]
 pub(super) struct RpcTable {
-    /// `/ctxbroker.v1.ContextBroker/`.
-    prefix: String,
     /// The contract's methods; index `methods.len()` is `other`.
-    methods: Vec<String>,
+    methods: &'static [String],
+    /// A series is created on its (method, code) pair's first call.
     family: Family<RpcLabels, Histogram, fn() -> Histogram>,
-    /// `(methods.len() + 1) × CODES.len()` slots, each filled with its
-    /// series on the pair's first call.
-    latency: Vec<OnceLock<Histogram>>,
 }
 
 impl RpcTable {
     /// The table, its family registered in `registry`.
     pub(super) fn register(registry: &mut Registry) -> RpcTable {
-        let methods = contract_methods();
-        let family = Family::new_with_constructor(rpc_buckets as fn() -> Histogram);
+        let family: Family<RpcLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(RPC_BUCKETS));
         registry.register(
             "ctxbroker_rpc_duration_seconds",
             "ContextBroker calls from arrival to response headers (a stream: until it opened), by method and gRPC code",
             family.clone(),
         );
         RpcTable {
-            prefix: format!("/{SERVICE}/"),
-            latency: (0..(methods.len() + 1) * CODES.len())
-                .map(|_| OnceLock::new())
-                .collect(),
-            methods,
+            methods: &METHODS,
             family,
         }
     }
 
     fn method_index(&self, path: &str) -> usize {
-        path.strip_prefix(self.prefix.as_str())
+        path.strip_prefix(PREFIX)
             .and_then(|name| self.methods.iter().position(|m| m == name))
             .unwrap_or(self.methods.len())
     }
 
-    fn method_name(&self, index: usize) -> &str {
+    fn method_name(&self, index: usize) -> &'static str {
         self.methods.get(index).map_or("other", String::as_str)
     }
 
     fn observe(&self, method: usize, code: usize, elapsed: Duration) {
-        let (Some(slot), Some(code_name)) = (
-            self.latency.get(method * CODES.len() + code),
-            CODES.get(code),
-        ) else {
-            return;
-        };
-        slot.get_or_init(|| {
-            self.family.get_or_create_owned(&[
-                ("method", self.method_name(method).to_owned()),
-                ("code", (*code_name).to_owned()),
-            ])
-        })
-        .observe(elapsed.as_secs_f64());
+        if let Some(code) = CODES.get(code) {
+            let labels = [("method", self.method_name(method)), ("code", *code)];
+            self.family
+                .get_or_create(&labels)
+                .observe(elapsed.as_secs_f64());
+        }
     }
 }
 
