@@ -81,7 +81,7 @@ pub struct Refusal {
 /// Decides whether the incoming turn fits, needs a compaction, or must be
 /// refused. Relevance is weighted as `input.config.relevance` says.
 pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
-    decide_with(input, counter, |plan, post, verdict| Compaction {
+    decide_with(input, None, counter, |plan, post, verdict| Compaction {
         plan,
         post: post.iter().map(|&s| s.clone()).collect(),
         verdict,
@@ -91,9 +91,12 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
 /// [`decide`], handing a verified compaction to `compact` with the
 /// post-state as references (the kept spans where they stand in
 /// `input.live`), so that a caller that needs no copy of the live context
-/// makes none.
+/// makes none. A caller that keeps the live context's totals gives them as
+/// `live_totals` (tokens, pinned tokens), and a turn that fits then costs
+/// the size of the turn, not of the live context.
 pub(crate) fn decide_with<T>(
     input: &AdmissionInput<'_>,
+    live_totals: Option<(u64, u64)>,
     counter: &dyn TokenCounter,
     compact: impl FnOnce(Plan, &[&Span], Verdict) -> T,
 ) -> Decision<T> {
@@ -105,9 +108,9 @@ pub(crate) fn decide_with<T>(
             .map(|s| u64::from(s.tokens))
             .sum()
     };
-    let live = total(input.live, false);
+    let (live, live_pinned) =
+        live_totals.unwrap_or_else(|| (total(input.live, false), total(input.live, true)));
     let incoming = total(input.incoming, false);
-    let live_pinned = total(input.live, true);
     let incoming_pinned = total(input.incoming, true);
     let budget = u64::from(config.budget_tokens());
     let sizes = Sizes {

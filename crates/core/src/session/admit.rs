@@ -3,7 +3,7 @@
 //! compaction admission decided they need.
 
 use super::markers::Committing;
-use super::{Change, Rejection, Session};
+use super::{Change, Rejection, Session, Totals};
 use crate::admission::{self, AdmissionInput, Decision};
 use crate::config::{ClassifierMode, SessionConfig, SessionMode};
 use crate::marker::CompactionTrigger;
@@ -104,6 +104,7 @@ impl Session {
                 turn,
                 now_ms,
             },
+            Some((self.record.live_tokens, self.record.pinned_tokens)),
             counter,
             |plan, post, _verdict| {
                 (!needs_approval).then(|| {
@@ -175,9 +176,21 @@ impl Session {
         change
     }
 
-    /// The change that admits `turn` as it is.
+    /// The change that admits `turn` as it is. The record's totals grow by
+    /// the turn's, so the cost is the turn's size, not the live context's.
     fn admission(&self, turn: Vec<Span>, unclassified: bool, now_ms: u64) -> Change {
-        let mut record = self.content_record(self.spans.iter().chain(&turn), now_ms);
+        let mut record = self.record.clone();
+        Totals::of(&turn).add_to(&mut record);
+        debug_assert_eq!(
+            (record.live_tokens, record.pinned_tokens),
+            {
+                let all = Totals::of(self.spans.iter().chain(&turn));
+                (all.live_tokens, all.pinned_tokens)
+            },
+            "the record's totals follow the live context"
+        );
+        record.revision += 1;
+        record.updated_at_ms = now_ms;
         record.turns += 1;
         record.next_span_id += turn.len() as u64;
         record.last_admit_ms = now_ms;

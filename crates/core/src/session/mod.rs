@@ -71,6 +71,13 @@ impl Totals {
         t
     }
 
+    fn add_to(&self, record: &mut SessionRecord) {
+        record.live_tokens += self.live_tokens;
+        record.live_spans += self.live_spans;
+        record.pinned_tokens += self.pinned_tokens;
+        record.pinned_spans += self.pinned_spans;
+    }
+
     fn write_to(&self, record: &mut SessionRecord) {
         record.live_tokens = self.live_tokens;
         record.live_spans = self.live_spans;
