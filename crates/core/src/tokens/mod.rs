@@ -10,11 +10,17 @@
 //!
 //! o200k_base cuts text into pieces with [`o200k_split`], which yields
 //! the pieces of bpe-openai's pre-tokenisation expression at a fraction of
-//! its cost; cl100k_base counts through bpe-openai alone.
+//! its cost, and counts a piece that is one token of the vocabulary
+//! without encoding it; cl100k_base counts through bpe-openai alone.
+
+use std::sync::LazyLock;
 
 use crate::config::TokenizerKind;
 
 pub mod o200k_split;
+mod token_set;
+
+use token_set::TokenSet;
 
 /// Counts the tokens of a text in one session's tokenizer.
 ///
@@ -70,7 +76,18 @@ impl TokenCounter for BpeCounter {
         let tokenizer = (self.tokenizer)();
         let n = match self.pieces {
             Pieces::O200k => match o200k_split::split(text) {
-                Some(pieces) => pieces.map(|p| tokenizer.bpe.count(p.as_bytes())).sum(),
+                Some(pieces) => {
+                    let tokens = &*O200K_TOKENS;
+                    pieces
+                        .map(|p| {
+                            if tokens.contains(p.as_bytes()) {
+                                1
+                            } else {
+                                tokenizer.bpe.count(p.as_bytes())
+                            }
+                        })
+                        .sum()
+                }
                 None => tokenizer.count(text),
             },
             Pieces::Tokenizer => tokenizer.count(text),
@@ -110,6 +127,10 @@ static CL100K_BASE: BpeCounter = BpeCounter {
 };
 
 static BYTE_LENGTH: ByteLength = ByteLength;
+
+/// o200k_base's short tokens, built on the first o200k_base count.
+static O200K_TOKENS: LazyLock<TokenSet> =
+    LazyLock::new(|| TokenSet::new(&bpe_openai::o200k_base().bpe));
 
 /// The counter for a session's tokenizer.
 ///
