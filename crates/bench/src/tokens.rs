@@ -276,12 +276,7 @@ fn run(repeats: usize, sizes: &[usize], cap: Duration) -> Result<(), Failure> {
         }
         let speedup = theirs.as_secs_f64() / ours.as_secs_f64().max(1e-12);
         for (label, d, n, ratio) in [
-            (
-                "ctxbroker (bpe-openai)",
-                ours,
-                n_ours,
-                format!("{speedup:.2}×"),
-            ),
+            ("ctxbroker", ours, n_ours, format!("{speedup:.2}×")),
             ("tiktoken-rs", theirs, n_theirs, "1.00×".to_owned()),
         ] {
             let secs = d.as_secs_f64().max(1e-12);

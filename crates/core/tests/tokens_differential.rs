@@ -102,3 +102,44 @@ proptest! {
         assert_same(&text);
     }
 }
+
+/// The files under `dir` (recursively) whose names end in one of `exts`.
+fn files(dir: &std::path::Path, exts: &[&str], out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files(&path, exts, out);
+        } else if exts
+            .iter()
+            .any(|e| path.extension().is_some_and(|x| x == *e))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The repository's own docs, contract and sources, read at test time,
+/// count identically, file by file.
+#[test]
+fn the_repository_counts_identically() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut paths = Vec::new();
+    files(&root.join("docs"), &["md"], &mut paths);
+    files(&root.join("proto"), &["proto"], &mut paths);
+    files(&root.join("crates/core/src"), &["rs"], &mut paths);
+    paths.push(root.join("README.md"));
+    paths.sort();
+    assert!(paths.len() > 20, "found {paths:?}");
+    let mut bytes = 0;
+    for path in &paths {
+        let text = std::fs::read_to_string(path).unwrap();
+        bytes += text.len();
+        let want = REFERENCE[0].1.encode_ordinary(&text).len();
+        let got = counter(TokenizerKind::O200kBase).count(&text);
+        assert_eq!(got as usize, want, "{}", path.display());
+    }
+    assert!(bytes > 100_000, "{bytes} bytes");
+}

@@ -247,12 +247,10 @@ pub async fn run(
         "store open"
     );
 
-    // Build the tables off the request path; the first admission waits
-    // only if it comes before they are ready.
-    tokio::task::spawn_blocking(|| {
-        tokens::warm_up(TokenizerKind::O200kBase);
-        tokens::warm_up(TokenizerKind::Cl100kBase);
-    });
+    // Build the default encoding's tables off the request path; the first
+    // admission waits only if it comes before they are ready. cl100k_base
+    // loads on the first count of a session that uses it.
+    tokio::task::spawn_blocking(|| tokens::warm_up(TokenizerKind::O200kBase));
 
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
     let streams_end = CancellationToken::new();
