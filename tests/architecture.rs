@@ -79,6 +79,10 @@ fn every_module_named_exists_and_every_module_is_named() {
                     module_exists(&src, name),
                     "docs/architecture.md names `{name}` in {room}, which has no such module"
                 );
+                assert!(
+                    name.ends_with('/') || !src.join(name).join("mod.rs").is_file(),
+                    "docs/architecture.md names the directory `{name}` in {room} without its `/`, so its modules go unchecked"
+                );
                 named.insert(name.trim_end_matches('/').to_owned());
                 if let Some(dir) = name.strip_suffix('/') {
                     // A directory's own modules are named in its description.
