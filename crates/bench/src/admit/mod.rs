@@ -127,10 +127,10 @@ pub struct AdmitArgs {
     /// Admissions per size before those, not recorded.
     #[arg(long, default_value_t = 200)]
     pub split_warmup: usize,
-    /// Interleaved rounds the split's recorded admissions are split into
-    /// (each gives every size its share in turn).
+    /// The split's recorded admissions are interleaved: each size makes
+    /// this many before the next size's turn.
     #[arg(long, default_value_t = 10)]
-    pub split_rounds: usize,
+    pub split_chunk: usize,
 }
 
 /// A daemon configuration of the run.
@@ -183,7 +183,7 @@ impl AdmitArgs {
             sizes: self.split_sizes.clone(),
             admissions: self.split_admissions,
             warmup: self.split_warmup,
-            rounds: self.split_rounds,
+            chunk: self.split_chunk,
         }
     }
 }
