@@ -16,7 +16,9 @@
 //! ```
 //!
 //! `admit`: admission throughput and latency under a realistic turn mix,
-//! against the no-op floor, relaxed durability and Redis (`admit.rs`).
+//! against the no-op floor, relaxed durability and Redis, then one
+//! admission's cost split into its stages, in process, at 1k, 10k and
+//! 100k live spans (`admit/`; `--no-split`, `--split-only`).
 //! `watch`: marker delivery to many watchers while admissions run, and a
 //! stalled watcher's effect on admissions (`watch.rs`).
 //! `stalled-watcher`: that last part of `watch` alone: admission latency

@@ -494,6 +494,14 @@ fn turns(
     out
 }
 
+/// `n` live spans of an agent's session from id 1, turn after turn, as
+/// the daemon would have admitted them: [`workload`]'s generator without
+/// the earlier compaction. The same `n` gives the same spans.
+pub(crate) fn history(n: usize, c: &dyn TokenCounter) -> Vec<Span> {
+    let mut rng = Rng::new(0x00c0_ffee ^ n as u64);
+    turns(&mut rng, 1, 1, n as u64, false, c)
+}
+
 /// A session of `n` live spans just under its budget, and a tool output
 /// that does not fit next to it.
 pub fn workload(n: usize, c: &'static dyn TokenCounter) -> (Session, Vec<Incoming>) {

@@ -1,7 +1,7 @@
-//! Smoke tests of `ctxbroker-bench admit` and `ctxbroker-bench watch`: the
-//! built binary on tiny sizes, checking that every row is printed with
-//! plausible figures. They measure nothing; they fail when the harness
-//! rots.
+//! Smoke tests of `ctxbroker-bench admit` (its split too) and
+//! `ctxbroker-bench watch`: the built binary on tiny sizes, checking that
+//! every row is printed with plausible figures. They measure nothing;
+//! they fail when the harness rots.
 
 mod support;
 
@@ -56,6 +56,7 @@ fn admit_prints_every_row_with_plausible_figures() {
         "4000",
         "--probe",
         "40",
+        "--no-split",
     ]);
     // Columns: row, server, clients, requests, req/s, p50, p90, p99, max,
     // p50 without compaction, compactions/s, CPU cores, CPU µs/req, peak
@@ -106,6 +107,65 @@ fn admit_prints_every_row_with_plausible_figures() {
         "{out}"
     );
     assert!(!out.contains("errors:"), "{out}");
+    assert!(!out.contains("admission split"), "--no-split: {out}");
+}
+
+#[test]
+fn admit_split_prints_every_stage_for_every_size() {
+    let out = bench(&[
+        "admit",
+        "--split-only",
+        "--split-sizes",
+        "200,2000",
+        "--split-admissions",
+        "50",
+        "--split-warmup",
+        "5",
+    ]);
+    let header = out
+        .lines()
+        .find(|line| line.starts_with("| live spans |"))
+        .unwrap_or_else(|| panic!("no header in:\n{out}"));
+    let columns: Vec<&str> = header.trim_matches('|').split('|').map(str::trim).collect();
+    assert_eq!(
+        columns,
+        [
+            "live spans",
+            "live spans at the end",
+            "parse µs",
+            "count µs",
+            "classify µs",
+            "plan µs",
+            "write µs",
+            "apply µs",
+            "encode µs",
+            "total µs",
+            "total p99 µs",
+        ]
+    );
+    for (size, after) in [("200", "255"), ("2000", "2055")] {
+        let cells = row(&out, size, None);
+        assert_eq!(cells.len(), columns.len(), "{cells:?}");
+        assert_eq!(cells[1], after, "one span per admission: {cells:?}");
+        let stages: Vec<f64> = cells[2..9].iter().map(|c| number(c)).collect();
+        assert!(stages.iter().all(|us| *us > 0.0), "{cells:?}");
+        // Medians of the stages need not add up to the median of their
+        // sums exactly; 5 % and the rounding of eight cells.
+        let (total, p99) = (number(cells[9]), number(cells[10]));
+        let sum: f64 = stages.iter().sum();
+        assert!(
+            total >= 0.95 * sum - 0.04,
+            "total {total} < stages {sum}: {cells:?}"
+        );
+        assert!(total <= p99, "{cells:?}");
+    }
+    assert!(
+        out.contains("flat: total p50 at 2000 live spans ÷ at 200"),
+        "{out}"
+    );
+    assert!(out.contains("wall-clock time only"), "{out}");
+    // Only the split: no daemon row.
+    assert!(!out.contains("no-op GetServerInfo"), "{out}");
 }
 
 #[test]

@@ -35,9 +35,17 @@
 //! count every marker the daemon wrote in the windows: inline ones (the
 //! admission needed room) and background pre-compactions above the soft
 //! watermark.
+//!
+//! After the tables, the split (`split.rs`, skipped with `--no-split`,
+//! run alone with `--split-only`): one admission of a short user message
+//! in process, its path cut into parse, count, classify, plan, write,
+//! apply and encode, on sessions of 1k, 10k and 100k live spans, to show
+//! that the cost of an admission that fits does not grow with the
+//! session.
 
 mod load;
 mod redis;
+pub mod split;
 mod workload;
 
 use std::sync::Arc;
@@ -52,6 +60,7 @@ use crate::common::{Client, Failure, client, next_marker};
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage, Usage};
 pub use load::{Op, Outcome, Samples, closed_loop, per_second};
 pub use redis::{RedisProcess, RespConn, Unavailable};
+pub use split::{SplitPlan, SplitRow};
 pub use workload::{Mix, Turn, Workload};
 
 /// Relaxed durability: Admit p50 (no compaction) at most this many times
@@ -103,6 +112,25 @@ pub struct AdmitArgs {
     /// default.
     #[arg(long, value_delimiter = ',', default_values_t = [DaemonKind::Durable, DaemonKind::Relaxed])]
     pub daemons: Vec<DaemonKind>,
+    /// Skip the in-process split of an admission into its stages.
+    #[arg(long, conflicts_with = "split_only")]
+    pub no_split: bool,
+    /// Run only the split: no daemon, no Redis.
+    #[arg(long)]
+    pub split_only: bool,
+    /// The split's session sizes, in live spans (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000])]
+    pub split_sizes: Vec<usize>,
+    /// Admissions the split records per size.
+    #[arg(long, default_value_t = 2000)]
+    pub split_admissions: usize,
+    /// Admissions per size before those, not recorded.
+    #[arg(long, default_value_t = 200)]
+    pub split_warmup: usize,
+    /// The split's recorded admissions are interleaved: each size makes
+    /// this many before the next size's turn.
+    #[arg(long, default_value_t = 10)]
+    pub split_chunk: usize,
 }
 
 /// A daemon configuration of the run.
@@ -147,6 +175,16 @@ impl AdmitArgs {
     /// The recorded seconds of one segment.
     fn segment(&self) -> Duration {
         Duration::from_secs_f64((self.duration / self.rounds.max(1) as f64).max(0.05))
+    }
+
+    /// What the split measures.
+    fn split(&self) -> SplitPlan {
+        SplitPlan {
+            sizes: self.split_sizes.clone(),
+            admissions: self.split_admissions,
+            warmup: self.split_warmup,
+            chunk: self.split_chunk,
+        }
     }
 }
 
@@ -269,8 +307,12 @@ struct Target {
     admit: Row,
 }
 
-/// Runs every row and prints the table and the ratios.
+/// Runs every row and prints the table and the ratios, then the split
+/// (or the split alone, with `--split-only`).
 pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
+    if args.split_only {
+        return split::section(args.split()).await;
+    }
     if args.clients == 0 || args.sessions == 0 || args.connections == 0 || args.rounds == 0 {
         return Err("--clients, --sessions, --connections and --rounds must be at least 1".into());
     }
@@ -460,6 +502,12 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     }
     if errors > 0 {
         println!("errors: {errors}; the first: {}", first.unwrap_or_default());
+    }
+    if !args.no_split {
+        // The daemons stop first, so that nothing of theirs runs beside
+        // the split.
+        drop(targets);
+        split::section(args.split()).await?;
     }
     println!("total run time: {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
