@@ -6,10 +6,17 @@
 //! not lose markers: its feed goes back to the durable log from the first
 //! sequence it has not delivered, then rejoins the ring. Every subscriber
 //! therefore sees every marker `>= start`, in order, once.
+//!
+//! A marker travels as a [`SharedMarker`]: one allocation however many
+//! feeds deliver it, which also keeps the bytes a watch sends for it once
+//! the first watch has encoded them, so that every other watch sends the
+//! same bytes instead of encoding the marker again.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use ctxbroker_core::Marker;
 use ctxbroker_store::Store;
 use tokio::sync::broadcast;
@@ -24,10 +31,45 @@ const RING: usize = 4096;
 /// Markers read from the log per step of a replay.
 const REPLAY_BATCH: usize = 256;
 
+/// A marker as the hub hands it to every feed that delivers it: the
+/// marker, and its wire form once a watch has made it. Dereferences to the
+/// marker.
+#[derive(Debug)]
+pub struct SharedMarker {
+    marker: Marker,
+    wire: OnceLock<Bytes>,
+}
+
+impl SharedMarker {
+    /// A marker with no wire form yet.
+    pub fn new(marker: Marker) -> Self {
+        SharedMarker {
+            marker,
+            wire: OnceLock::new(),
+        }
+    }
+
+    /// The marker's wire form: made by `encode` for the first caller and
+    /// shared with every later one (`encode` is not called again, and
+    /// concurrent callers wait for the first). Every caller must pass the
+    /// same encoding: the server has one, the `WatchCompactions` event.
+    pub fn wire(&self, encode: impl FnOnce(&Marker) -> Bytes) -> Bytes {
+        self.wire.get_or_init(|| encode(&self.marker)).clone()
+    }
+}
+
+impl Deref for SharedMarker {
+    type Target = Marker;
+
+    fn deref(&self) -> &Marker {
+        &self.marker
+    }
+}
+
 /// The fan-out point.
 #[derive(Debug, Clone)]
 pub struct Hub {
-    tx: broadcast::Sender<Arc<Marker>>,
+    tx: broadcast::Sender<Arc<SharedMarker>>,
 }
 
 impl Default for Hub {
@@ -53,11 +95,11 @@ impl Hub {
     pub fn publish(&self, markers: &[Marker]) {
         for marker in markers {
             // No receivers is not an error: nobody is watching.
-            let _ = self.tx.send(Arc::new(marker.clone()));
+            let _ = self.tx.send(Arc::new(SharedMarker::new(marker.clone())));
         }
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<Arc<Marker>> {
+    fn subscribe(&self) -> broadcast::Receiver<Arc<SharedMarker>> {
         self.tx.subscribe()
     }
 }
@@ -66,7 +108,7 @@ impl Hub {
 #[derive(Debug)]
 pub enum FeedEvent {
     /// The next marker that matches the filter.
-    Marker(Arc<Marker>),
+    Marker(Arc<SharedMarker>),
     /// The replay from the log is done; every marker below this sequence
     /// has been yielded (when it matched). Yielded once.
     CaughtUp(u64),
@@ -96,11 +138,11 @@ pub enum FeedEnd {
 #[derive(Debug)]
 pub struct MarkerFeed {
     store: Store,
-    rx: broadcast::Receiver<Arc<Marker>>,
+    rx: broadcast::Receiver<Arc<SharedMarker>>,
     /// The first sequence not yet yielded or skipped.
     next: u64,
     filter: Option<HashSet<String>>,
-    backlog: VecDeque<Arc<Marker>>,
+    backlog: VecDeque<Arc<SharedMarker>>,
     /// False while the feed reads the log.
     live: bool,
     caught_up_sent: bool,
@@ -219,7 +261,9 @@ impl MarkerFeed {
             }
             self.next = marker.seq + 1;
             if self.wanted(&marker) {
-                self.backlog.push_back(Arc::new(marker));
+                // Read by this feed alone: its wire form is made once,
+                // when the feed delivers it.
+                self.backlog.push_back(Arc::new(SharedMarker::new(marker)));
             }
         }
         Ok(true)
@@ -316,7 +360,7 @@ mod tests {
         }
     }
 
-    async fn next_marker(feed: &mut MarkerFeed) -> Arc<Marker> {
+    async fn next_marker(feed: &mut MarkerFeed) -> Arc<SharedMarker> {
         loop {
             let event = tokio::time::timeout(std::time::Duration::from_secs(10), feed.next_event())
                 .await
@@ -358,6 +402,40 @@ mod tests {
         compactions(&broker, "lag", 11).await;
         assert_eq!(next_marker(&mut feed).await.seq, 11);
         assert_eq!(feed.next_seq(), 12);
+    }
+
+    #[tokio::test]
+    async fn every_feed_delivers_one_shared_marker_whose_wire_form_is_made_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::new();
+        let broker = broker(dir.path(), &hub);
+        broker
+            .create_session("s", SessionConfig::with_window(400))
+            .await
+            .unwrap();
+        let open = || MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Now, None).unwrap();
+        let (mut a, mut b) = (open(), open());
+        // Both live (their replay is done) before the marker is written:
+        // it reaches them through the ring.
+        for feed in [&mut a, &mut b] {
+            assert!(matches!(
+                feed.next_event().await.unwrap(),
+                FeedEvent::CaughtUp(1)
+            ));
+        }
+        compactions(&broker, "s", 1).await;
+        let (x, y) = (next_marker(&mut a).await, next_marker(&mut b).await);
+        assert!(Arc::ptr_eq(&x, &y), "one allocation for every feed");
+
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let encode = |marker: &Marker| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Bytes::from(marker.seq.to_string())
+        };
+        let (first, second) = (x.wire(encode), y.wire(encode));
+        assert_eq!(calls.into_inner(), 1, "encoded once");
+        assert_eq!(first, Bytes::from("1"));
+        assert_eq!(first.as_ptr(), second.as_ptr(), "the same bytes, shared");
     }
 
     #[tokio::test]
