@@ -1,5 +1,12 @@
 //! Compiles `proto/` with protox (no system `protoc`) and generates the
 //! prost messages and tonic client and server into `OUT_DIR`.
+//!
+//! The server is generated on its own, into `OUT_DIR/server`, over the same
+//! messages but for one: `WatchCompactions` streams
+//! `Encoded<WatchCompactionsResponse>` (`src/encoded.rs`), so that the
+//! daemon encodes a marker once and sends those bytes to every watcher.
+//! The bytes on the wire are those of the generated message; the client
+//! and every message are as generated.
 
 use std::path::PathBuf;
 
@@ -20,10 +27,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&descriptors),
     )?;
 
+    // The messages and the client.
     tonic_prost_build::configure()
         .build_client(true)
+        .build_server(false)
+        .emit_rerun_if_changed(false)
+        .compile_fds(descriptors.clone())?;
+
+    // The server alone: every message is taken from the module above (an
+    // extern type is not generated again), the watch response excepted.
+    let server_dir = out_dir.join("server");
+    std::fs::create_dir_all(&server_dir)?;
+    tonic_prost_build::configure()
+        .build_client(false)
         .build_server(true)
         .emit_rerun_if_changed(false)
+        .out_dir(&server_dir)
+        .extern_path(".ctxbroker.v1", "crate::v1")
+        .extern_path(
+            ".ctxbroker.v1.WatchCompactionsResponse",
+            "crate::encoded::Encoded<crate::v1::WatchCompactionsResponse>",
+        )
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,10 +1,13 @@
 //! Watching markers: replay from the durable log then live delivery, in
-//! order, contiguous, resumable without gap or duplicate.
+//! order, contiguous, resumable without gap or duplicate, each event the
+//! very bytes its generated message encodes to.
 
 use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
 use pb::Role;
+use prost::Message;
+use prost::bytes::Buf;
 use tonic::Code;
 
 use crate::support::*;
@@ -243,4 +246,151 @@ async fn a_stalled_watcher_neither_holds_back_admissions_nor_misses_a_marker() {
     {
         panic!("an extra marker {}", m.seq);
     }
+}
+
+/// A codec that sends a `WatchCompactionsRequest` and hands back each
+/// response undecoded: the bytes the daemon framed.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawWatch;
+
+impl tonic::codec::Codec for RawWatch {
+    type Encode = pb::WatchCompactionsRequest;
+    type Decode = Vec<u8>;
+    type Encoder = RawWatch;
+    type Decoder = RawWatch;
+
+    fn encoder(&mut self) -> RawWatch {
+        RawWatch
+    }
+
+    fn decoder(&mut self) -> RawWatch {
+        RawWatch
+    }
+}
+
+impl tonic::codec::Encoder for RawWatch {
+    type Item = pb::WatchCompactionsRequest;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: pb::WatchCompactionsRequest,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        item.encode(dst)
+            .map_err(|err| tonic::Status::internal(err.to_string()))
+    }
+}
+
+impl tonic::codec::Decoder for RawWatch {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+/// A watch whose events arrive as the bytes the daemon sent.
+async fn watch_raw(
+    daemon: &Daemon,
+    request: pb::WatchCompactionsRequest,
+) -> tonic::Streaming<Vec<u8>> {
+    let mut grpc = tonic::client::Grpc::new(daemon.channel().await);
+    grpc.ready().await.expect("the channel is ready");
+    grpc.server_streaming(
+        tonic::Request::new(request),
+        tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/ctxbroker.v1.ContextBroker/WatchCompactions",
+        ),
+        RawWatch,
+    )
+    .await
+    .expect("WatchCompactions starts")
+    .into_inner()
+}
+
+/// The next event's bytes.
+async fn next_raw(stream: &mut tonic::Streaming<Vec<u8>>) -> Vec<u8> {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("an event within 30 s")
+        .expect("the watch stays up")
+        .expect("the watch does not end")
+}
+
+/// What encoding the event as the generated message writes.
+fn encoded(event: pb::watch_compactions_response::Event) -> Vec<u8> {
+    pb::WatchCompactionsResponse { event: Some(event) }.encode_to_vec()
+}
+
+#[tokio::test]
+async fn watchers_receive_exactly_the_bytes_the_message_encodes_to() {
+    use pb::watch_compactions_response::Event;
+
+    let daemon = Daemon::start().await;
+    let mut client = daemon.client().await;
+    create(&mut client, "x-a", window(600)).await;
+    create(&mut client, "x-b", window(600)).await;
+    let caught_up = |next_seq| encoded(Event::CaughtUp(pb::CaughtUp { next_seq }));
+
+    // Two live watchers, one of them filtered: each marker is encoded once
+    // and its bytes go to both.
+    let mut live = watch_raw(&daemon, pb::WatchCompactionsRequest::default()).await;
+    let mut filtered = watch_raw(
+        &daemon,
+        pb::WatchCompactionsRequest {
+            session_ids: vec!["x-b".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(next_raw(&mut live).await, caught_up(1));
+    assert_eq!(next_raw(&mut filtered).await, caught_up(1));
+
+    // The markers as the admissions that wrote them return them.
+    let mut seed = 0;
+    let mut markers = Vec::new();
+    for _ in 0..2 {
+        markers.extend(compact_times(&mut client, "x-a", 2, &mut seed).await);
+        markers.extend(compact_times(&mut client, "x-b", 1, &mut seed).await);
+    }
+    for marker in &markers {
+        let bytes = next_raw(&mut live).await;
+        assert_eq!(bytes, encoded(Event::Marker(marker.clone())), "{marker:?}");
+        let decoded = pb::WatchCompactionsResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(decoded.event, Some(Event::Marker(marker.clone())));
+    }
+    for marker in markers.iter().filter(|m| m.session_id == "x-b") {
+        assert_eq!(
+            next_raw(&mut filtered).await,
+            encoded(Event::Marker(marker.clone()))
+        );
+    }
+
+    // The markers as the store's log holds them: a watcher from the first
+    // replays them, and receives the same bytes.
+    let mut replayed = watch_raw(
+        &daemon,
+        pb::WatchCompactionsRequest {
+            from_seq: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    for marker in &markers {
+        assert_eq!(
+            next_raw(&mut replayed).await,
+            encoded(Event::Marker(marker.clone())),
+            "replayed {}",
+            marker.seq
+        );
+    }
+    assert_eq!(
+        next_raw(&mut replayed).await,
+        caught_up(markers.len() as u64 + 1)
+    );
 }

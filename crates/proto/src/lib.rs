@@ -1,14 +1,21 @@
 //! The `ctxbroker.v1` wire contract.
 //!
 //! Generated at build time from `proto/ctxbroker/v1/*.proto` with protox and
-//! tonic-prost-build; nothing here is written by hand but this module. Every
-//! client, in every language, is generated from the same `.proto` files.
+//! tonic-prost-build; nothing here is written by hand but this module and
+//! [`encoded`], the server's pre-encoded watch responses. Every client, in
+//! every language, is generated from the same `.proto` files.
+
+pub mod encoded;
 
 /// The `ctxbroker.v1` package: messages, the `ContextBroker` client and
-/// server.
+/// server. The server's `WatchCompactions` streams
+/// [`Encoded`](encoded::Encoded) responses; everything else is as
+/// generated.
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod v1 {
     tonic::include_proto!("ctxbroker.v1");
+    // Generated apart, over the messages above (see `build.rs`).
+    include!(concat!(env!("OUT_DIR"), "/server/ctxbroker.v1.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of the contract, for server reflection.

@@ -12,12 +12,13 @@ use ctxbroker_core::session::{CallerEdits, PlanOutcome};
 use ctxbroker_core::span::{
     ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
 };
+use ctxbroker_proto::encoded::Encoded;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::{SessionRecord, SpanState, StoredSpan};
 
 use crate::broker::TurnSpan;
 use crate::config::Limits;
-use crate::hub::FeedStart;
+use crate::hub::{FeedStart, SharedMarker};
 
 /// Milliseconds since the Unix epoch as a protobuf timestamp.
 pub fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -278,6 +279,31 @@ pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
     }
 }
 
+/// The `WatchCompactions` event that delivers a marker.
+pub fn watch_marker_event(marker: &Marker) -> pb::WatchCompactionsResponse {
+    pb::WatchCompactionsResponse {
+        event: Some(pb::watch_compactions_response::Event::Marker(marker_to_pb(
+            marker,
+        ))),
+    }
+}
+
+/// [`watch_marker_event`] encoded, once per marker: the first watch that
+/// delivers the marker encodes it and every other watch sends the same
+/// bytes, which are what encoding the event itself writes.
+pub fn watch_marker(marker: &SharedMarker) -> Encoded<pb::WatchCompactionsResponse> {
+    Encoded::from_bytes(marker.wire(|m| Encoded::new(&watch_marker_event(m)).into_bytes()))
+}
+
+/// The `WatchCompactions` event that ends a watch's replay, encoded.
+pub fn watch_caught_up(next_seq: u64) -> Encoded<pb::WatchCompactionsResponse> {
+    Encoded::new(&pb::WatchCompactionsResponse {
+        event: Some(pb::watch_compactions_response::Event::CaughtUp(
+            pb::CaughtUp { next_seq },
+        )),
+    })
+}
+
 /// The wire form of a declared workload.
 pub fn workload_to_pb(w: &DeclaredWorkload) -> pb::DeclaredWorkload {
     pb::DeclaredWorkload {
@@ -425,6 +451,120 @@ mod tests {
         let ts = timestamp(1_700_000_123_456);
         assert_eq!(ts.seconds, 1_700_000_123);
         assert_eq!(ts.nanos, 456_000_000);
+    }
+
+    fn markers() -> Vec<Marker> {
+        let committed = Marker {
+            seq: 41,
+            session_id: "agent-7".into(),
+            session_seq: 3,
+            trigger: CompactionTrigger::SoftWatermark,
+            outcome: Outcome::Committed,
+            tokens_before: 1_900,
+            tokens_after: 700,
+            incoming_tokens: 120,
+            window_tokens: 2_000,
+            budget_tokens: 1_800,
+            pinned_tokens: 35,
+            evicted: vec![4, 5, 6, 300_000],
+            tier_evicted: vec![5],
+            compressed: vec![9],
+            summary_span_id: Some(0),
+            summary_generation: 2,
+            pinned_retained: 1,
+            pinned_total: 1,
+            anchors_carried: 4,
+            anchors_dropped: 1,
+            violations: vec![],
+            at_ms: 1_700_000_123_456,
+            session_revision: 12,
+            actor: "operator".into(),
+            detail: "evicted 4 spans; summary ✓".into(),
+        };
+        let aborted = Marker {
+            outcome: Outcome::Aborted,
+            trigger: CompactionTrigger::Unpin,
+            tokens_after: 1_900,
+            summary_span_id: None,
+            violations: vec![Violation {
+                kind: ViolationKind::PinnedMissing,
+                span_id: Some(2),
+                detail: "constraint 2 is missing".into(),
+                missing_terms: vec!["prod".into(), "eu-west".into()],
+            }],
+            ..committed.clone()
+        };
+        // Every field at its default: nothing but the timestamp is written.
+        let empty = Marker {
+            seq: 0,
+            session_id: String::new(),
+            session_seq: 0,
+            trigger: CompactionTrigger::HardBudget,
+            outcome: Outcome::Committed,
+            tokens_before: 0,
+            tokens_after: 0,
+            incoming_tokens: 0,
+            window_tokens: 0,
+            budget_tokens: 0,
+            pinned_tokens: 0,
+            evicted: vec![],
+            tier_evicted: vec![],
+            compressed: vec![],
+            summary_span_id: None,
+            summary_generation: 0,
+            pinned_retained: 0,
+            pinned_total: 0,
+            anchors_carried: 0,
+            anchors_dropped: 0,
+            violations: vec![],
+            at_ms: 0,
+            session_revision: 0,
+            actor: String::new(),
+            detail: String::new(),
+        };
+        vec![committed, aborted, empty]
+    }
+
+    #[test]
+    fn a_watched_marker_is_encoded_once_exactly_as_its_event_encodes() {
+        use prost::Message;
+        for marker in markers() {
+            let expected = pb::WatchCompactionsResponse {
+                event: Some(pb::watch_compactions_response::Event::Marker(marker_to_pb(
+                    &marker,
+                ))),
+            };
+            let shared = SharedMarker::new(marker.clone());
+            let first = watch_marker(&shared);
+            assert_eq!(first.as_bytes().as_ref(), expected.encode_to_vec());
+            // What the codec writes for it.
+            assert_eq!(first.encode_to_vec(), expected.encode_to_vec());
+            assert_eq!(
+                pb::WatchCompactionsResponse::decode(first.as_bytes().clone()).unwrap(),
+                expected,
+                "{marker:?}"
+            );
+            let again = watch_marker(&shared);
+            assert_eq!(
+                again.as_bytes().as_ptr(),
+                first.as_bytes().as_ptr(),
+                "encoded once, then shared"
+            );
+        }
+    }
+
+    #[test]
+    fn caught_up_is_encoded_as_its_event_encodes() {
+        use prost::Message;
+        let expected = pb::WatchCompactionsResponse {
+            event: Some(pb::watch_compactions_response::Event::CaughtUp(
+                pb::CaughtUp { next_seq: 1 << 40 },
+            )),
+        };
+        assert_eq!(
+            watch_caught_up(1 << 40).encode_to_vec(),
+            expected.encode_to_vec()
+        );
     }
 
     #[test]

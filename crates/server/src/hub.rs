@@ -6,10 +6,18 @@
 //! not lose markers: its feed goes back to the durable log from the first
 //! sequence it has not delivered, then rejoins the ring. Every subscriber
 //! therefore sees every marker `>= start`, in order, once.
+//!
+//! A marker travels as a [`SharedMarker`]: one allocation however many
+//! feeds deliver it, which also keeps the bytes a watch sends for it once
+//! the first watch has encoded them, so that every other watch sends the
+//! same bytes instead of encoding the marker again. Feeds that fall behind
+//! together share their reads of the log the same way (`ReplayCache`).
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use bytes::Bytes;
 use ctxbroker_core::Marker;
 use ctxbroker_store::Store;
 use tokio::sync::broadcast;
@@ -21,13 +29,118 @@ use crate::metrics::WatcherProbe;
 /// Markers held in the ring for subscribers that read slowly; past that,
 /// they read from the log.
 const RING: usize = 4096;
-/// Markers read from the log per step of a replay.
+/// Markers read from the log per step of a replay: the size of a chunk of
+/// the replay cache.
 const REPLAY_BATCH: usize = 256;
+/// Chunks the replay cache holds: as many markers as the ring.
+const REPLAY_CHUNKS: usize = 16;
+
+/// A marker as the hub hands it to every feed that delivers it: the
+/// marker, and its wire form once a watch has made it. Dereferences to the
+/// marker.
+#[derive(Debug)]
+pub struct SharedMarker {
+    marker: Marker,
+    wire: OnceLock<Bytes>,
+}
+
+impl SharedMarker {
+    /// A marker with no wire form yet.
+    pub fn new(marker: Marker) -> Self {
+        SharedMarker {
+            marker,
+            wire: OnceLock::new(),
+        }
+    }
+
+    /// The marker's wire form: made by `encode` for the first caller and
+    /// shared with every later one (`encode` is not called again, and
+    /// concurrent callers wait for the first). Every caller must pass the
+    /// same encoding: the server has one, the `WatchCompactions` event.
+    pub fn wire(&self, encode: impl FnOnce(&Marker) -> Bytes) -> Bytes {
+        self.wire.get_or_init(|| encode(&self.marker)).clone()
+    }
+}
+
+impl Deref for SharedMarker {
+    type Target = Marker;
+
+    fn deref(&self) -> &Marker {
+        &self.marker
+    }
+}
+
+/// The markers of one chunk of the log, in sequence order.
+type Chunk = Arc<[Arc<SharedMarker>]>;
+
+/// The stretches of the marker log that replays have read, shared by every
+/// feed that replays them: when many watchers fall behind together, each
+/// stretch is read from the log, and each of its markers encoded, once
+/// rather than once per watcher.
+///
+/// The log is cut into chunks of `batch` markers, the first chunk starting
+/// at sequence 1; a replay reads the rest of the chunk its position falls
+/// in, so that from its second step on it reads whole chunks. Only whole
+/// chunks are kept (a marker, once written, never changes), at most
+/// [`REPLAY_CHUNKS`], the first kept going first.
+#[derive(Debug)]
+struct ReplayCache {
+    batch: u64,
+    chunks: Mutex<VecDeque<Chunk>>,
+}
+
+impl ReplayCache {
+    fn new(batch: usize) -> Self {
+        ReplayCache {
+            batch: batch.max(1) as u64,
+            chunks: Mutex::new(VecDeque::with_capacity(REPLAY_CHUNKS)),
+        }
+    }
+
+    /// The first sequence of the chunk `seq` falls in.
+    fn chunk_start(&self, seq: u64) -> u64 {
+        seq - seq.saturating_sub(1) % self.batch
+    }
+
+    /// The whole chunk that starts at `start`, when a replay has read it.
+    fn get(&self, start: u64) -> Option<Chunk> {
+        let chunks = self.chunks.lock().unwrap_or_else(PoisonError::into_inner);
+        chunks
+            .iter()
+            .find(|chunk| chunk.first().is_some_and(|m| m.seq == start))
+            .cloned()
+    }
+
+    /// Keeps a chunk a replay has read, whole and contiguous from its
+    /// start, unless another replay kept the same chunk first: returns
+    /// the chunk kept, which every replay then delivers.
+    fn keep(&self, chunk: Chunk) -> Chunk {
+        let Some(start) = chunk.first().map(|m| m.seq) else {
+            return chunk;
+        };
+        if chunk.len() as u64 != self.batch || self.chunk_start(start) != start {
+            return chunk;
+        }
+        let mut chunks = self.chunks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = chunks
+            .iter()
+            .find(|kept| kept.first().is_some_and(|m| m.seq == start))
+        {
+            return kept.clone();
+        }
+        if chunks.len() >= REPLAY_CHUNKS {
+            chunks.pop_front();
+        }
+        chunks.push_back(chunk.clone());
+        chunk
+    }
+}
 
 /// The fan-out point.
 #[derive(Debug, Clone)]
 pub struct Hub {
-    tx: broadcast::Sender<Arc<Marker>>,
+    tx: broadcast::Sender<Arc<SharedMarker>>,
+    replays: Arc<ReplayCache>,
 }
 
 impl Default for Hub {
@@ -44,8 +157,17 @@ impl Hub {
 
     /// A hub whose ring holds `ring` markers for slow subscribers.
     pub fn with_ring(ring: usize) -> Self {
+        Hub::with_sizes(ring, REPLAY_BATCH)
+    }
+
+    /// A hub whose ring holds `ring` markers and whose replays read the log
+    /// `batch` markers at a time.
+    fn with_sizes(ring: usize, batch: usize) -> Self {
         let (tx, _) = broadcast::channel(ring.max(1));
-        Hub { tx }
+        Hub {
+            tx,
+            replays: Arc::new(ReplayCache::new(batch)),
+        }
     }
 
     /// Publishes a flushed batch's markers, in sequence order. Never
@@ -53,11 +175,11 @@ impl Hub {
     pub fn publish(&self, markers: &[Marker]) {
         for marker in markers {
             // No receivers is not an error: nobody is watching.
-            let _ = self.tx.send(Arc::new(marker.clone()));
+            let _ = self.tx.send(Arc::new(SharedMarker::new(marker.clone())));
         }
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<Arc<Marker>> {
+    fn subscribe(&self) -> broadcast::Receiver<Arc<SharedMarker>> {
         self.tx.subscribe()
     }
 }
@@ -66,7 +188,7 @@ impl Hub {
 #[derive(Debug)]
 pub enum FeedEvent {
     /// The next marker that matches the filter.
-    Marker(Arc<Marker>),
+    Marker(Arc<SharedMarker>),
     /// The replay from the log is done; every marker below this sequence
     /// has been yielded (when it matched). Yielded once.
     CaughtUp(u64),
@@ -96,11 +218,12 @@ pub enum FeedEnd {
 #[derive(Debug)]
 pub struct MarkerFeed {
     store: Store,
-    rx: broadcast::Receiver<Arc<Marker>>,
+    rx: broadcast::Receiver<Arc<SharedMarker>>,
+    replays: Arc<ReplayCache>,
     /// The first sequence not yet yielded or skipped.
     next: u64,
     filter: Option<HashSet<String>>,
-    backlog: VecDeque<Arc<Marker>>,
+    backlog: VecDeque<Arc<SharedMarker>>,
     /// False while the feed reads the log.
     live: bool,
     caught_up_sent: bool,
@@ -158,6 +281,7 @@ impl MarkerFeed {
         Ok(MarkerFeed {
             store,
             rx,
+            replays: hub.replays.clone(),
             next,
             filter,
             backlog: VecDeque::new(),
@@ -193,36 +317,74 @@ impl MarkerFeed {
             .is_none_or(|ids| ids.contains(&marker.session_id))
     }
 
-    /// Reads a batch of the log from `next` (off the async workers) into
-    /// the backlog. Returns whether anything was read.
+    /// Moves the rest of the chunk of the log that `next` falls in into
+    /// the backlog: from the replay cache when another replay read it
+    /// whole, otherwise from the log (off the async workers). Returns
+    /// whether anything was found.
     async fn replay_step(&mut self) -> Result<bool, FeedEnd> {
-        let from = self.next;
-        let batch = blocking::read(&self.store, move |store| store.markers(from, REPLAY_BATCH))
-            .await
-            .map_err(FeedEnd::Store)?;
-        let Some(first) = batch.first() else {
-            return Ok(false);
+        let chunk = match self.cached_chunk() {
+            Some(chunk) => chunk,
+            None => match self.read_chunk().await? {
+                Some(chunk) => chunk,
+                None => return Ok(false),
+            },
         };
-        if first.seq != self.next {
-            let oldest = self.store.marker_bounds().oldest;
-            return Err(FeedEnd::OutOfRange {
-                next: self.next,
-                oldest,
-            });
+        // A cached chunk may start before `next`; what it holds from
+        // `next` on is contiguous.
+        let delivered = chunk.iter().take_while(|m| m.seq < self.next).count();
+        let rest = chunk.get(delivered..).unwrap_or_default();
+        if rest.is_empty() {
+            return Ok(false);
         }
-        for marker in batch {
-            if marker.seq != self.next {
-                return Err(FeedEnd::Store(ApiError::Storage(format!(
-                    "marker log gap: expected {} found {}",
-                    self.next, marker.seq
-                ))));
-            }
+        for marker in rest {
             self.next = marker.seq + 1;
-            if self.wanted(&marker) {
-                self.backlog.push_back(Arc::new(marker));
+            if self.wanted(marker) {
+                self.backlog.push_back(marker.clone());
             }
         }
         Ok(true)
+    }
+
+    /// The chunk `next` falls in, if a replay has read it whole and `next`
+    /// is still retained: a position retention has trimmed ends the feed,
+    /// as the log says, whatever the cache holds.
+    fn cached_chunk(&self) -> Option<Chunk> {
+        if self.next < self.store.marker_bounds().oldest {
+            return None;
+        }
+        self.replays.get(self.replays.chunk_start(self.next))
+    }
+
+    /// Reads the log from `next` to the end of its chunk; `None` when it
+    /// holds nothing from `next` on. A whole chunk is kept in the replay
+    /// cache, and the chunk delivered is the one kept.
+    async fn read_chunk(&self) -> Result<Option<Chunk>, FeedEnd> {
+        let from = self.next;
+        let end = self.replays.chunk_start(from) + self.replays.batch;
+        let limit = usize::try_from(end - from).unwrap_or(REPLAY_BATCH);
+        let batch = blocking::read(&self.store, move |store| store.markers(from, limit))
+            .await
+            .map_err(FeedEnd::Store)?;
+        let Some(first) = batch.first() else {
+            return Ok(None);
+        };
+        if first.seq != from {
+            let oldest = self.store.marker_bounds().oldest;
+            return Err(FeedEnd::OutOfRange { next: from, oldest });
+        }
+        for (marker, expected) in batch.iter().zip(from..) {
+            if marker.seq != expected {
+                return Err(FeedEnd::Store(ApiError::Storage(format!(
+                    "marker log gap: expected {expected} found {}",
+                    marker.seq
+                ))));
+            }
+        }
+        let chunk: Chunk = batch
+            .into_iter()
+            .map(|marker| Arc::new(SharedMarker::new(marker)))
+            .collect();
+        Ok(Some(self.replays.keep(chunk)))
     }
 
     /// The next event. Cancel-safe: all state lives in the feed, and a log
@@ -284,11 +446,17 @@ mod tests {
 
     /// A broker over a temporary store whose commits feed `hub`.
     fn broker(dir: &std::path::Path, hub: &Hub) -> Broker {
+        broker_keeping(dir, hub, StoreOptions::default().marker_retention)
+    }
+
+    /// The same, keeping at most `retention` markers.
+    fn broker_keeping(dir: &std::path::Path, hub: &Hub, retention: u64) -> Broker {
         let publish = hub.clone();
         let store = Store::open(
             dir,
             StoreOptions {
                 on_commit: Some(Arc::new(move |markers| publish.publish(markers))),
+                marker_retention: retention,
                 ..StoreOptions::default()
             },
         )
@@ -316,7 +484,7 @@ mod tests {
         }
     }
 
-    async fn next_marker(feed: &mut MarkerFeed) -> Arc<Marker> {
+    async fn next_marker(feed: &mut MarkerFeed) -> Arc<SharedMarker> {
         loop {
             let event = tokio::time::timeout(std::time::Duration::from_secs(10), feed.next_event())
                 .await
@@ -358,6 +526,112 @@ mod tests {
         compactions(&broker, "lag", 11).await;
         assert_eq!(next_marker(&mut feed).await.seq, 11);
         assert_eq!(feed.next_seq(), 12);
+    }
+
+    #[tokio::test]
+    async fn every_feed_delivers_one_shared_marker_whose_wire_form_is_made_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::new();
+        let broker = broker(dir.path(), &hub);
+        broker
+            .create_session("s", SessionConfig::with_window(400))
+            .await
+            .unwrap();
+        let open = || MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Now, None).unwrap();
+        let (mut a, mut b) = (open(), open());
+        // Both live (their replay is done) before the marker is written:
+        // it reaches them through the ring.
+        for feed in [&mut a, &mut b] {
+            assert!(matches!(
+                feed.next_event().await.unwrap(),
+                FeedEvent::CaughtUp(1)
+            ));
+        }
+        compactions(&broker, "s", 1).await;
+        let (x, y) = (next_marker(&mut a).await, next_marker(&mut b).await);
+        assert!(Arc::ptr_eq(&x, &y), "one allocation for every feed");
+
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let encode = |marker: &Marker| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Bytes::from(marker.seq.to_string())
+        };
+        let (first, second) = (x.wire(encode), y.wire(encode));
+        assert_eq!(calls.into_inner(), 1, "encoded once");
+        assert_eq!(first, Bytes::from("1"));
+        assert_eq!(first.as_ptr(), second.as_ptr(), "the same bytes, shared");
+    }
+
+    #[tokio::test]
+    async fn feeds_that_replay_the_same_stretch_share_its_reads_of_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        // Chunks of four: 1-4, 5-8, then the head.
+        let hub = Hub::with_sizes(2, 4);
+        let broker = broker(dir.path(), &hub);
+        broker
+            .create_session("r", SessionConfig::with_window(400))
+            .await
+            .unwrap();
+        compactions(&broker, "r", 10).await;
+        let head = broker.store().marker_bounds().next;
+        let open = |seq| {
+            MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Seq(seq), None).unwrap()
+        };
+        let mut read = Vec::new();
+        for start in [1, 1, 3] {
+            let mut feed = open(start);
+            let mut markers = Vec::new();
+            for _ in start..head {
+                markers.push(next_marker(&mut feed).await);
+            }
+            let seqs: Vec<u64> = markers.iter().map(|m| m.seq).collect();
+            assert_eq!(seqs, (start..head).collect::<Vec<_>>());
+            read.push(markers);
+        }
+        let [a, b, c] = &read[..] else {
+            unreachable!("three feeds")
+        };
+        // The whole chunks are one read, whichever feed made it: the same
+        // markers, so encoded once. The head's partial chunk is not kept.
+        for i in 0..8 {
+            assert!(Arc::ptr_eq(&a[i], &b[i]), "seq {}", i + 1);
+        }
+        for i in 2..8 {
+            assert!(Arc::ptr_eq(&a[i], &c[i - 2]), "seq {}", i + 1);
+        }
+        assert!(!Arc::ptr_eq(&a[8], &b[8]));
+    }
+
+    #[tokio::test]
+    async fn a_kept_chunk_never_hides_a_trimmed_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::with_sizes(2, 4);
+        let broker = broker_keeping(dir.path(), &hub, 6);
+        broker
+            .create_session("t", SessionConfig::with_window(400))
+            .await
+            .unwrap();
+        compactions(&broker, "t", 4).await;
+        let open =
+            || MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Seq(1), None).unwrap();
+        let (mut behind, mut reader) = (open(), open());
+        // The reader's replay keeps the chunk 1-4.
+        for seq in 1..=4 {
+            assert_eq!(next_marker(&mut reader).await.seq, seq);
+        }
+        // Retention removes marker 1 while the other feed has read nothing.
+        let mut n = 4;
+        while broker.store().marker_bounds().oldest <= 1 {
+            n += 1;
+            compactions(&broker, "t", n).await;
+        }
+        assert!(matches!(
+            behind.next_event().await,
+            Err(FeedEnd::Store(ApiError::MarkerOutOfRange {
+                requested: 1,
+                ..
+            }))
+        ));
     }
 
     #[tokio::test]

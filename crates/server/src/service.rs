@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use ctxbroker_core::session::PlanId;
 use ctxbroker_core::trigger;
+use ctxbroker_proto::encoded::Encoded;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_proto::v1::context_broker_server::ContextBroker;
 use ctxbroker_store::SpanState;
@@ -192,6 +193,11 @@ async fn watch_step(mut feed: MarkerFeed, shutdown: CancellationToken) -> (Marke
 /// it. No task and no buffer stand between the hub and the connection, so
 /// a delivery costs one wake-up, and a client that stops reading stops
 /// its feed, which then falls back to the log (never a lost marker).
+///
+/// It yields its events encoded: a marker's bytes are made by the first
+/// watch that delivers it and shared by every other
+/// ([`convert::watch_marker`]), so a marker costs one encoding however
+/// many watchers receive it.
 pub struct WatchStream {
     next: ReusableBoxFuture<'static, (MarkerFeed, WatchStep)>,
     shutdown: CancellationToken,
@@ -221,7 +227,7 @@ impl WatchStream {
 }
 
 impl tokio_stream::Stream for WatchStream {
-    type Item = Result<pb::WatchCompactionsResponse, Status>;
+    type Item = Result<Encoded<pb::WatchCompactionsResponse>, Status>;
 
     fn poll_next(
         mut self: std::pin::Pin<&mut Self>,
@@ -243,11 +249,9 @@ impl tokio_stream::Stream for WatchStream {
                 .into();
                 return Poll::Ready(Some(Err(status)));
             }
-            WatchStep::Event(Ok(FeedEvent::Marker(marker))) => {
-                pb::watch_compactions_response::Event::Marker(marker_to_pb(&marker))
-            }
+            WatchStep::Event(Ok(FeedEvent::Marker(marker))) => convert::watch_marker(&marker),
             WatchStep::Event(Ok(FeedEvent::CaughtUp(next_seq))) => {
-                pb::watch_compactions_response::Event::CaughtUp(pb::CaughtUp { next_seq })
+                convert::watch_caught_up(next_seq)
             }
             WatchStep::Event(Err(end)) => {
                 self.ended = true;
@@ -258,9 +262,7 @@ impl tokio_stream::Stream for WatchStream {
         // that does not read leaves the feed untouched.
         let shutdown = self.shutdown.clone();
         self.next.set(watch_step(feed, shutdown));
-        Poll::Ready(Some(Ok(pb::WatchCompactionsResponse {
-            event: Some(event),
-        })))
+        Poll::Ready(Some(Ok(event)))
     }
 }
 
