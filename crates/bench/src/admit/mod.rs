@@ -48,6 +48,8 @@ mod redis;
 pub mod split;
 mod workload;
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,6 +110,10 @@ pub struct AdmitArgs {
     /// Skip the Redis row.
     #[arg(long)]
     pub no_redis: bool,
+    /// Also write every recorded latency of every row (the probes too)
+    /// to this file as CSV: row, server, compacted, latency_us.
+    #[arg(long, value_name = "PATH", conflicts_with = "split_only")]
+    pub csv: Option<PathBuf>,
     /// Only these daemons (comma-separated: durable, relaxed); both by
     /// default.
     #[arg(long, value_delimiter = ',', default_values_t = [DaemonKind::Durable, DaemonKind::Relaxed])]
@@ -503,6 +509,14 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     if errors > 0 {
         println!("errors: {errors}; the first: {}", first.unwrap_or_default());
     }
+    if let Some(path) = &args.csv {
+        let rows = targets
+            .iter()
+            .flat_map(|t| [&t.noop, &t.admit])
+            .chain(skipped.is_none().then_some(&redis_row))
+            .chain(probes.iter().flat_map(|(_, p)| [&p.noop, &p.admit]));
+        write_csv(path, rows)?;
+    }
     if !args.no_split {
         // The daemons stop first, so that nothing of theirs runs beside
         // the split.
@@ -510,6 +524,32 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
         split::section(args.split()).await?;
     }
     println!("total run time: {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Writes every latency of `rows` to `path`: one line per request, the
+/// row's name and server as in the table, whether the reply carried a
+/// compaction, and the latency in µs.
+pub fn write_csv<'a>(path: &Path, rows: impl Iterator<Item = &'a Row>) -> Result<(), Failure> {
+    let file =
+        std::fs::File::create(path).map_err(|err| format!("--csv {}: {err}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "row,server,compacted,latency_us")?;
+    for row in rows {
+        for (compacted, latencies) in [(0, &row.samples.plain), (1, &row.samples.compacted)] {
+            for d in latencies {
+                writeln!(
+                    out,
+                    "\"{}\",\"{}\",{compacted},{:.3}",
+                    row.name,
+                    row.server,
+                    d.as_secs_f64() * 1e6
+                )?;
+            }
+        }
+    }
+    out.flush()?;
+    eprintln!("latencies written to {}", path.display());
     Ok(())
 }
 
