@@ -36,6 +36,8 @@
 //! are handed to the watchers, though a watcher may still be first).
 
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,6 +87,10 @@ pub struct WatchArgs {
     /// Rounds of the stalled phase (0 skips it).
     #[arg(long, default_value_t = 6)]
     pub stalled_rounds: usize,
+    /// Also write every delivery of the watchers phase to this file as
+    /// CSV: watcher, seq, from_send_us, from_reply_us.
+    #[arg(long, value_name = "PATH")]
+    pub csv: Option<PathBuf>,
 }
 
 /// `watch [flags]`.
@@ -335,6 +341,40 @@ fn deliveries(paced: &Paced, records: &[Received]) -> Delivery {
     }
 }
 
+/// Writes every timed delivery to `path`, one line per (watcher, marker):
+/// the latency from the admitting client's send and from its reply, in
+/// µs (the latter negative when the watcher was first).
+fn write_csv(path: &Path, paced: &Paced, records: &[Received]) -> Result<(), Failure> {
+    let file =
+        std::fs::File::create(path).map_err(|err| format!("--csv {}: {err}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(out, "watcher,seq,from_send_us,from_reply_us")?;
+    for (w, record) in records.iter().enumerate() {
+        let Ok(seen) = record.lock() else { continue };
+        for (seq, at) in seen.iter() {
+            let Some(sent) = paced.markers.get(seq) else {
+                continue;
+            };
+            let since = |from: Instant| {
+                if *at >= from {
+                    us(*at - from)
+                } else {
+                    -us(from - *at)
+                }
+            };
+            writeln!(
+                out,
+                "{w},{seq},{:.3},{:.3}",
+                since(sent.sent),
+                since(sent.replied)
+            )?;
+        }
+    }
+    out.flush()?;
+    eprintln!("deliveries written to {}", path.display());
+    Ok(())
+}
+
 /// Admission latency with no watcher and with a stalled one, by round.
 #[derive(Debug)]
 struct Stalled {
@@ -536,6 +576,9 @@ pub async fn run(args: &WatchArgs) -> Result<(), Failure> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let delivery = deliveries(&watched, &records);
+    if let Some(path) = &args.csv {
+        write_csv(path, &watched, &records)?;
+    }
     for task in &tasks {
         task.abort();
     }
