@@ -3,10 +3,10 @@
 //! (the machine is shared; only same-run ratios mean much).
 //!
 //! ```text
-//! ctxbroker-bench admit [--duration S] [--clients N] [--sessions N] ... (--help)
-//! ctxbroker-bench watch [--watchers N] [--duration S] ... (--help)
+//! ctxbroker-bench admit [--duration S] [--clients N] [--sessions N] [--csv PATH] ... (--help)
+//! ctxbroker-bench watch [--watchers N] [--duration S] [--csv PATH] ... (--help)
 //! ctxbroker-bench stalled-watcher [TURNS] [ROUNDS]
-//! ctxbroker-bench plan [SIZES] [REPEATS]
+//! ctxbroker-bench plan [SIZES] [REPEATS] [--csv PATH]
 //! ctxbroker-bench classify [--data DIR] [--repeats N] [--explain]
 //! ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]
 //! ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]
@@ -28,6 +28,10 @@
 //! `plan`: the admission that must compact a session of N live spans
 //! (default 1k, 10k, 100k, 1M; `SIZES` comma-separated), in process:
 //! planning, applying and verifying, with the growth against n·log n.
+//!
+//! `admit`, `watch` and `plan` take `--csv PATH` to write their raw
+//! samples (every request's latency, every delivery, every run) for
+//! `plot_bench.py`, as `replay --csv` does for `plot_replay.py`.
 //!
 //! `classify`: the standing-instruction classifier on the labelled spans,
 //! per category, training and held-out splits; `classify train` fits it on
@@ -66,7 +70,7 @@ async fn main() -> Result<(), Failure> {
             eprintln!(
                 "       ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]"
             );
-            eprintln!("       ctxbroker-bench plan [SIZES] [REPEATS]");
+            eprintln!("       ctxbroker-bench plan [SIZES] [REPEATS] [--csv PATH]");
             eprintln!(
                 "       ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]"
             );

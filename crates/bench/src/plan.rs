@@ -22,6 +22,8 @@
 //! consecutive sizes: `growth / n·log n` at or below 1 means the step
 //! grew no faster than `n·log n`.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ctxbroker_core::classify;
@@ -45,9 +47,12 @@ const EARLIER_SPANS: u64 = 240;
 /// The clock of the generated session, in ms since the epoch.
 const NOW_MS: u64 = 1_700_000_000_000;
 
-/// `plan [SIZES] [REPEATS]`: `SIZES` comma-separated (default
-/// 1000,10000,100000,1000000), each measured `REPEATS` times (default 5).
+/// `plan [SIZES] [REPEATS] [--csv PATH]`: `SIZES` comma-separated
+/// (default 1000,10000,100000,1000000), each measured `REPEATS` times
+/// (default 5); with `--csv`, every run's times are also written to PATH.
 pub fn plan_main(args: &[String]) -> Result<(), Failure> {
+    let (csv, args) = take_csv(args)?;
+    let args = args.as_slice();
     let sizes = match args.first() {
         Some(list) => list
             .split(',')
@@ -59,11 +64,72 @@ pub fn plan_main(args: &[String]) -> Result<(), Failure> {
     if sizes.iter().any(|&n| n < 2) || repeats == 0 {
         return Err("every size must be at least 2 spans and REPEATS at least 1".into());
     }
-    run(&sizes, repeats)
+    run(&sizes, repeats, csv.as_deref())
+}
+
+/// `--csv PATH` (or `--csv=PATH`) taken out of `args`, wherever it
+/// stands; the positional arguments left in order.
+fn take_csv(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), Failure> {
+    let mut csv = None;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--csv" {
+            let path = it.next().ok_or("--csv needs a PATH")?;
+            csv = Some(PathBuf::from(path));
+        } else if let Some(path) = arg.strip_prefix("--csv=") {
+            csv = Some(PathBuf::from(path));
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    Ok((csv, rest))
+}
+
+/// Every run of one size, in the order measured: the `k`th admission,
+/// plan, apply, verify and adoption are each part's `k`th repetition.
+#[derive(Debug, Clone)]
+struct Runs {
+    admit: Vec<Duration>,
+    plan: Vec<Duration>,
+    apply: Vec<Duration>,
+    verify: Vec<Duration>,
+    adopt: Vec<Duration>,
+}
+
+/// Writes every run of every size to `path`: live spans, run, and the
+/// time of each part in ms.
+fn write_csv(path: &Path, rows: &[Row]) -> Result<(), Failure> {
+    let file =
+        std::fs::File::create(path).map_err(|err| format!("--csv {}: {err}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    writeln!(
+        out,
+        "live_spans,run,admit_ms,plan_ms,apply_ms,verify_ms,adopt_ms"
+    )?;
+    for row in rows {
+        let r = &row.runs;
+        for k in 0..r.admit.len() {
+            let at = |v: &[Duration]| v.get(k).map_or(f64::NAN, |d| ms(*d));
+            writeln!(
+                out,
+                "{},{k},{:.4},{:.4},{:.4},{:.4},{:.4}",
+                row.n,
+                at(&r.admit),
+                at(&r.plan),
+                at(&r.apply),
+                at(&r.verify),
+                at(&r.adopt)
+            )?;
+        }
+    }
+    out.flush()?;
+    eprintln!("runs written to {}", path.display());
+    Ok(())
 }
 
 /// One size's figures: medians over the repeats.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Row {
     n: usize,
     admit: Duration,
@@ -74,9 +140,10 @@ struct Row {
     evicted: usize,
     summary_tokens: u32,
     digest: u64,
+    runs: Runs,
 }
 
-fn run(sizes: &[usize], repeats: usize) -> Result<(), Failure> {
+fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failure> {
     warm_up(TokenizerKind::O200kBase);
     let c = counter(TokenizerKind::O200kBase);
     let mut rows: Vec<Row> = Vec::new();
@@ -95,6 +162,9 @@ fn run(sizes: &[usize], repeats: usize) -> Result<(), Failure> {
         rows.push(row);
     }
     print_table(&rows, repeats);
+    if let Some(path) = csv {
+        write_csv(path, &rows)?;
+    }
     Ok(())
 }
 
@@ -184,6 +254,13 @@ fn measure(
         }
     }
 
+    let runs = Runs {
+        admit: admit.clone(),
+        plan: plan_t.clone(),
+        apply: apply_t.clone(),
+        verify: verify_t.clone(),
+        adopt: adopt.clone(),
+    };
     Ok(Row {
         n,
         admit: median(admit),
@@ -194,6 +271,7 @@ fn measure(
         evicted: change.evict.len(),
         summary_tokens: change.summary.as_ref().map_or(0, |s| s.tokens),
         digest: digest(&change),
+        runs,
     })
 }
 
