@@ -1,9 +1,12 @@
 //! Smoke tests of `ctxbroker-bench admit` (its split too) and
 //! `ctxbroker-bench watch`: the built binary on tiny sizes, checking that
-//! every row is printed with plausible figures. They measure nothing;
-//! they fail when the harness rots.
+//! every row is printed with plausible figures, and that `--csv` writes
+//! the samples behind them. They measure nothing; they fail when the
+//! harness rots.
 
 mod support;
+
+use std::collections::HashMap;
 
 use support::bench;
 
@@ -28,6 +31,15 @@ fn number(cell: &str) -> f64 {
         .unwrap_or_else(|_| panic!("{cell:?} is not a number"))
 }
 
+/// The lines of a CSV file after its header, which must be `header`.
+fn csv_lines(path: &std::path::Path, header: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|err| panic!("--csv {} was not written: {err}", path.display()));
+    let mut lines = text.lines().map(str::to_owned);
+    assert_eq!(lines.next().as_deref(), Some(header), "{text:.300}");
+    lines.collect()
+}
+
 fn redis_installed() -> bool {
     std::env::var_os("PATH").is_some_and(|paths| {
         std::env::split_paths(&paths).any(|dir| dir.join("redis-server").is_file())
@@ -36,6 +48,8 @@ fn redis_installed() -> bool {
 
 #[test]
 fn admit_prints_every_row_with_plausible_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("admit.csv");
     let out = bench(&[
         "admit",
         "--duration",
@@ -57,6 +71,8 @@ fn admit_prints_every_row_with_plausible_figures() {
         "--probe",
         "40",
         "--no-split",
+        "--csv",
+        csv.to_str().unwrap(),
     ]);
     // Columns: row, server, clients, requests, req/s, p50, p90, p99, max,
     // p50 without compaction, compactions/s, CPU cores, CPU µs/req, peak
@@ -108,6 +124,32 @@ fn admit_prints_every_row_with_plausible_figures() {
     );
     assert!(!out.contains("errors:"), "{out}");
     assert!(!out.contains("admission split"), "--no-split: {out}");
+
+    // The CSV: one line per request of every row printed, each row's count
+    // the table's.
+    let mut per_row: HashMap<(String, String), usize> = HashMap::new();
+    for line in csv_lines(&csv, "row,server,compacted,latency_us") {
+        let (name, rest) = line
+            .strip_prefix('"')
+            .and_then(|l| l.split_once("\",\""))
+            .unwrap_or_else(|| panic!("{line:?}"));
+        let (server, rest) = rest.split_once("\",").unwrap_or_else(|| panic!("{line:?}"));
+        let (compacted, latency) = rest.split_once(',').unwrap_or_else(|| panic!("{line:?}"));
+        assert!(compacted == "0" || compacted == "1", "{line:?}");
+        let us = number(latency);
+        assert!(us > 0.0 && us < 60e6, "{line:?}");
+        *per_row
+            .entry((name.to_owned(), server.to_owned()))
+            .or_default() += 1;
+    }
+    let mut printed = 0;
+    for ((name, server), n) in &per_row {
+        let cells = row(&out, name, Some(server));
+        assert_eq!(cells[3], n.to_string(), "{name}, {server}: {cells:?}");
+        printed += 1;
+    }
+    let expected = if redis_installed() { 9 } else { 8 };
+    assert_eq!(printed, expected, "rows in the CSV: {per_row:?}");
 }
 
 #[test]
@@ -170,6 +212,8 @@ fn admit_split_prints_every_stage_for_every_size() {
 
 #[test]
 fn watch_delivers_every_marker_and_compares_a_stalled_watcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("watch.csv");
     let out = bench(&[
         "watch",
         "--watchers",
@@ -186,6 +230,8 @@ fn watch_delivers_every_marker_and_compares_a_stalled_watcher() {
         "30",
         "--stalled-rounds",
         "1",
+        "--csv",
+        csv.to_str().unwrap(),
     ]);
     for phase in ["no watchers", "20 watchers"] {
         let cells = row(&out, phase, None);
@@ -209,6 +255,20 @@ fn watch_delivers_every_marker_and_compares_a_stalled_watcher() {
         assert!(number(cells[2]) > 0.0, "{cells:?}");
     }
     assert!(out.contains("stalled ÷ none: p50"), "{out}");
+
+    // The CSV: one line per delivery counted in the table; from the send
+    // is never less than from the reply, which came after the send.
+    let lines = csv_lines(&csv, "watcher,seq,from_send_us,from_reply_us");
+    assert_eq!(lines.len().to_string(), got, "{delivery:?}");
+    for line in &lines {
+        let cells: Vec<&str> = line.split(',').collect();
+        assert_eq!(cells.len(), 4, "{line:?}");
+        assert!(number(cells[0]) < 20.0, "{line:?}");
+        assert!(number(cells[1]) >= 1.0, "{line:?}");
+        let (send, reply) = (number(cells[2]), number(cells[3]));
+        assert!(send > 0.0 && send < 60e6, "{line:?}");
+        assert!(send >= reply, "{line:?}");
+    }
 }
 
 #[test]

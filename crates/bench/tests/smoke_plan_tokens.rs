@@ -1,5 +1,6 @@
 //! `ctxbroker-bench plan` and `ctxbroker-bench tokens` run on tiny inputs
-//! and print every row, with plausible figures.
+//! and print every row, with plausible figures; `plan --csv` writes every
+//! run behind the table's medians.
 
 mod support;
 
@@ -28,7 +29,9 @@ fn number(cell: &str) -> f64 {
 
 #[test]
 fn plan_prints_a_row_per_size_with_plausible_figures() {
-    let out = bench(&["plan", "300,3000", "2"]);
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("plan.csv");
+    let out = bench(&["plan", "300,3000", "2", "--csv", csv.to_str().unwrap()]);
     let mut previous_ms: Option<f64> = None;
     for n in ["300", "3000"] {
         let r = rows(&out, n);
@@ -55,6 +58,34 @@ fn plan_prints_a_row_per_size_with_plausible_figures() {
             }
         }
         previous_ms = Some(ms[0]);
+    }
+
+    // The CSV: both runs of both sizes; the median of two is the larger,
+    // which the table prints to 0.01 ms.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("live_spans,run,admit_ms,plan_ms,apply_ms,verify_ms,adopt_ms")
+    );
+    let runs: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(number).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(runs.len(), 4, "{text}");
+    for (k, run) in runs.iter().enumerate() {
+        assert_eq!(run.len(), 7, "{run:?}");
+        assert_eq!(run[0], [300.0, 3000.0][k / 2], "{run:?}");
+        assert_eq!(run[1], (k % 2) as f64, "{run:?}");
+        assert!(run[2] > 0.0 && run[3] > 0.0, "{run:?}");
+        assert!(
+            run[2..].iter().all(|ms| ms.is_finite() && *ms >= 0.0),
+            "{run:?}"
+        );
+    }
+    for (k, n) in ["300", "3000"].into_iter().enumerate() {
+        let table = number(rows(&out, n)[0][1]);
+        let larger = runs[2 * k][2].max(runs[2 * k + 1][2]);
+        assert!((larger - table).abs() <= 0.0051, "{n}: {larger} vs {table}");
     }
 }
 
