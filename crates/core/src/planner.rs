@@ -48,14 +48,16 @@
 //! constraint and one sort.
 
 use crate::config::SessionConfig;
+use crate::facts::LiveFacts;
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
-use crate::relevance::score;
+use crate::relevance::{score, score_with};
 use crate::span::{
     ClassSource, Classification, OriginalForm, Role, Span, SpanClass, SpanId, SummaryInfo,
 };
-use crate::summary::{SummaryLimits, summarize_limited};
+use crate::summary::{SummaryLimits, summarize_owing};
+use crate::text::{OwedAnchors, required_anchors};
 use crate::tokens::TokenCounter;
 
 /// Tokens reserved for a summary's header on top of its share of the
@@ -156,8 +158,20 @@ pub fn compressed_pinned_tokens(live: &[Span], counter: &dyn TokenCounter) -> u6
 /// Proposes a compaction of `input.live` that leaves room for the incoming
 /// turn.
 pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
+    plan_with(input, None, counter)
+}
+
+/// [`plan`], reading what it needs of each live span from `facts` (the
+/// session's, see [`LiveFacts`]) instead of deriving it from the text:
+/// the same plan. Facts that do not describe `input.live` are not used.
+pub fn plan_with(
+    input: &PlanInput<'_>,
+    facts: Option<&LiveFacts>,
+    counter: &dyn TokenCounter,
+) -> Plan {
     let config = input.config;
     let live = input.live;
+    let facts = facts.filter(|f| f.describes(live));
     let budget = u64::from(config.budget_tokens());
     let soft = u64::from(config.soft_watermark_tokens());
     let target = input.target_tokens.unwrap_or(soft).min(budget);
@@ -165,7 +179,10 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
     let incoming = input.incoming_tokens;
     let cap = u64::from(config.effective_summary_max_tokens());
 
-    let relevance = score(live, input.query, input.turn, &config.relevance);
+    let relevance = match facts {
+        Some(f) => score_with(live, f, input.query, input.turn, &config.relevance),
+        None => score(live, input.query, input.turn, &config.relevance),
+    };
     let floor = config.relevance_floor;
     // Relevance is in [0, 1], so its bits order like its value: sort plain
     // integer keys (relevance, position) rather than compare floats.
@@ -288,8 +305,10 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
             .min(cap);
         let prose = goal.saturating_sub(kept.saturating_add(incoming)).min(room);
         let evicted: Vec<&Span> = chosen.iter().map(|&(i, _)| &live[i]).collect();
-        let written = write_summary(
+        let owed = LiveFacts::owed_anchors(facts, live, chosen.iter().map(|&(i, _)| i));
+        let written = write_summary_owing(
             &evicted,
+            owed,
             SummaryRoom {
                 tokens: room,
                 prose_tokens: prose,
@@ -396,13 +415,38 @@ pub fn write_summary(
     slot: SummarySlot,
     counter: &dyn TokenCounter,
 ) -> WrittenSummary {
+    let mut owed = OwedAnchors::with_capacity(evicted.len());
+    for span in evicted {
+        for anchor in required_anchors(span) {
+            owed.add(&anchor);
+        }
+    }
+    write_summary_owing(evicted, owed, room, config, slot, counter)
+}
+
+/// [`write_summary`] of `evicted`, whose anchors are `owed` (see
+/// [`summarize_owing`]).
+fn write_summary_owing(
+    evicted: &[&Span],
+    owed: OwedAnchors,
+    room: SummaryRoom,
+    config: &SessionConfig,
+    slot: SummarySlot,
+    counter: &dyn TokenCounter,
+) -> WrittenSummary {
     let max = u32::try_from(room.tokens).unwrap_or(u32::MAX);
     let limits = SummaryLimits {
         max_tokens: max,
         prose_tokens: u32::try_from(room.prose_tokens).unwrap_or(u32::MAX),
         anchor_tokens: config.effective_anchor_budget_tokens().min(max),
     };
-    let draft = summarize_limited(evicted, limits, config.max_summary_generations, counter);
+    let draft = summarize_owing(
+        evicted,
+        owed,
+        limits,
+        config.max_summary_generations,
+        counter,
+    );
     if draft.text.is_empty() || evicted.is_empty() {
         return WrittenSummary {
             span: None,
