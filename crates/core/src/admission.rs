@@ -15,7 +15,7 @@
 use crate::config::SessionConfig;
 use crate::facts::LiveFacts;
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
-use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan_with};
+use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan_described};
 use crate::span::{
     ClassSource, Classification, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
     SpanId,
@@ -176,7 +176,7 @@ pub(crate) fn decide_with<T>(
         target_tokens: None,
     };
     let facts = facts.filter(|f| f.describes(input.live));
-    let plan = plan_with(&plan_input, facts, counter);
+    let plan = plan_described(&plan_input, facts, counter);
     let made = made_spans(input.live, &plan);
     let post = apply_refs(input.live, &plan, &made);
     let verdict = verify_refs(input.live, facts, &plan, &post, incoming, config, counter);

@@ -37,12 +37,26 @@ pub(crate) struct SpanFacts {
     text_len: usize,
     /// Words in all, matchable or not: the span's length for BM25.
     words: u32,
+    /// How many of `data`'s pairs are words; the rest are anchors.
+    terms: u32,
     /// (word id, count) of each distinct matchable word, in order of
-    /// first appearance: the order BM25 sums a span's terms in.
-    terms: Box<[(u32, u32)]>,
-    /// The byte ranges of the text's anchors; empty for a span that
-    /// records its anchors as a summary.
-    anchors: Box<[(usize, usize)]>,
+    /// first appearance (the order BM25 sums a span's terms in), then
+    /// the byte range (start, end) of each anchor of the text: one
+    /// allocation per span. No anchors for a span that records its
+    /// anchors as a summary, nor for a text too long for 32-bit offsets,
+    /// whose anchors are extracted when asked for (`anchors_in_text`).
+    data: Box<[(u32, u32)]>,
+    anchors_in_text: bool,
+}
+
+impl SpanFacts {
+    fn terms(&self) -> &[(u32, u32)] {
+        self.data.get(..self.terms as usize).unwrap_or(&[])
+    }
+
+    fn anchors(&self) -> &[(u32, u32)] {
+        self.data.get(self.terms as usize..).unwrap_or(&[])
+    }
 }
 
 /// The words of a session's live spans: each distinct lower-cased word
@@ -177,24 +191,29 @@ impl LiveFacts {
             }
         }
         self.total_words += u64::from(words);
-        let anchors = if span.summary.is_some() {
-            Vec::new()
-        } else {
-            anchor_ranges(&span.text)
-        };
+        let count = u32::try_from(terms.len()).unwrap_or(u32::MAX);
+        let addressable = u32::try_from(span.text.len()).is_ok();
+        if span.summary.is_none() && addressable {
+            terms.extend(
+                anchor_ranges(&span.text)
+                    .into_iter()
+                    .filter_map(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+            );
+        }
         SpanFacts {
             id: span.id,
             text_len: span.text.len(),
             words,
-            terms: terms.into_boxed_slice(),
-            anchors: anchors.into_boxed_slice(),
+            terms: count,
+            data: terms.into_boxed_slice(),
+            anchors_in_text: span.summary.is_none() && !addressable,
         }
     }
 
     /// Takes a span's facts out of the totals.
     fn forget(words: &mut Words, total_words: &mut u64, f: &SpanFacts) {
         *total_words = total_words.saturating_sub(u64::from(f.words));
-        for &(id, _) in f.terms.iter() {
+        for &(id, _) in f.terms() {
             words.release(id);
         }
     }
@@ -245,9 +264,9 @@ impl LiveFacts {
         };
         match (&span.summary, self.spans.get(at)) {
             (Some(info), _) => info.anchors.iter().for_each(|a| f(a)),
-            (None, Some(facts)) if facts.id == span.id => {
-                for &(start, end) in facts.anchors.iter() {
-                    if let Some(a) = span.text.get(start..end) {
+            (None, Some(facts)) if facts.id == span.id && !facts.anchors_in_text => {
+                for &(start, end) in facts.anchors() {
+                    if let Some(a) = span.text.get(start as usize..end as usize) {
                         f(a);
                     }
                 }
@@ -308,7 +327,7 @@ impl LiveFacts {
         let avg = (self.total_words as f64 / count).max(1.0);
         for (score, f) in raw.iter_mut().zip(&self.spans) {
             let mut norm = None;
-            for &(id, tf) in f.terms.iter() {
+            for &(id, tf) in f.terms() {
                 let q = query.get(id as usize).copied().unwrap_or(NONE);
                 if q == NONE {
                     continue;
@@ -338,8 +357,11 @@ impl LiveFacts {
                     f.id,
                     f.text_len,
                     f.words,
-                    f.terms.iter().map(|&(t, c)| (name(t), c)).collect(),
-                    f.anchors.to_vec(),
+                    f.terms().iter().map(|&(t, c)| (name(t), c)).collect(),
+                    f.anchors()
+                        .iter()
+                        .map(|&(a, b)| (a as usize, b as usize))
+                        .collect(),
                 )
             })
             .collect();

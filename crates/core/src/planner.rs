@@ -41,9 +41,12 @@
 //!
 //! # Cost
 //!
-//! One relevance pass over the live text, one sort of the candidates, a
-//! linear scan over their prefix sums, and a summary of the evicted spans
-//! whose sentence work is bounded; kept spans are never re-tokenised.
+//! One relevance pass over the live spans (over their text, or, with the
+//! session's [`LiveFacts`], over the words each span was found to have
+//! when it was admitted), a selection and sort of only as many candidates
+//! as the plan reads, a linear scan over their prefix sums, and a summary
+//! of the evicted spans whose sentence work is bounded and whose anchors
+//! are read from the facts; kept spans are never re-tokenised.
 //! Compression, when needed, costs one pass of the compressor over each
 //! constraint and one sort.
 
@@ -169,9 +172,19 @@ pub fn plan_with(
     facts: Option<&LiveFacts>,
     counter: &dyn TokenCounter,
 ) -> Plan {
+    let facts = facts.filter(|f| f.describes(input.live));
+    plan_described(input, facts, counter)
+}
+
+/// [`plan_with`] of `facts` the caller checked: they describe
+/// `input.live` (see [`LiveFacts::describes`]).
+pub(crate) fn plan_described(
+    input: &PlanInput<'_>,
+    facts: Option<&LiveFacts>,
+    counter: &dyn TokenCounter,
+) -> Plan {
     let config = input.config;
     let live = input.live;
-    let facts = facts.filter(|f| f.describes(live));
     let budget = u64::from(config.budget_tokens());
     let soft = u64::from(config.soft_watermark_tokens());
     let target = input.target_tokens.unwrap_or(soft).min(budget);

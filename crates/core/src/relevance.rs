@@ -24,7 +24,10 @@
 //! Words are maximal runs of letters, digits and `_`, lower-cased, of at
 //! least two characters; a few function words are ignored. Every span's
 //! text is scanned once and only the query's words are looked up, so the
-//! cost is linear in the total text.
+//! cost is linear in the total text. A session keeps each live span's
+//! words and their counts ([`crate::facts`]) and scores from those
+//! instead ([`score_with`]): the same scores, summed in the same order,
+//! at a cost linear in the spans' distinct words, with no text read.
 
 use std::hash::{BuildHasher, Hasher};
 

@@ -33,7 +33,7 @@ impl Session {
             return None;
         }
         let query = self.latest_query();
-        let plan = planner::plan_with(
+        let plan = planner::plan_described(
             &PlanInput {
                 config,
                 live: &self.spans,

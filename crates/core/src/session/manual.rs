@@ -270,7 +270,7 @@ impl Session {
     /// The plan a plan id stands for.
     fn manual_plan(&self, plan_id: &PlanId, now_ms: u64, counter: &dyn TokenCounter) -> Plan {
         let query = self.latest_query();
-        planner::plan_with(
+        planner::plan_described(
             &PlanInput {
                 config: &self.record.config,
                 live: &self.spans,

@@ -59,11 +59,13 @@ pub fn verify_with(
     counter: &dyn TokenCounter,
 ) -> Verdict {
     let post: Vec<&Span> = post.iter().collect();
+    let facts = facts.filter(|f| f.describes(pre));
     verify_refs(pre, facts, plan, &post, incoming_tokens, config, counter)
 }
 
 /// [`verify_with`] of a post-state given by reference: the admission path
 /// checks the spans it keeps where they stand rather than copies of them.
+/// The caller checked that `facts` describe `pre`.
 pub(crate) fn verify_refs(
     pre: &[Span],
     facts: Option<&LiveFacts>,
@@ -80,7 +82,6 @@ pub(crate) fn verify_refs(
     let evicted: Vec<&Span> = evicted_at.iter().map(|&i| &pre[i]).collect();
     // The anchors are the text's, by the rules of `text`: derived once
     // per span by the session, or here.
-    let facts = facts.filter(|f| f.describes(pre));
     let owed = LiveFacts::owed_anchors(facts, pre, evicted_at.iter().copied());
     let pre = Pre {
         spans: pre,
