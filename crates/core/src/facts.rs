@@ -94,10 +94,11 @@ impl Words {
     /// One fewer live span uses word `id`; forgotten when none does.
     fn release(&mut self, id: u32) {
         let at = id as usize;
-        let Some(df) = self.df.get_mut(at) else {
+        // A word no span uses was forgotten already: its id is free.
+        let Some(df) = self.df.get_mut(at).filter(|df| **df > 0) else {
             return;
         };
-        *df = df.saturating_sub(1);
+        *df -= 1;
         if *df == 0 {
             let name = std::mem::take(&mut self.names[at]);
             self.ids.remove(&name);
@@ -146,6 +147,27 @@ impl LiveFacts {
     /// Whether these are the facts of no span.
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
+    }
+
+    /// The bytes these facts hold on the heap, about: what a session's
+    /// memory bound should count next to its spans. Linear in the spans.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let spans = self.spans.capacity() * size_of::<SpanFacts>()
+            + self
+                .spans
+                .iter()
+                .map(|f| f.data.len() * size_of::<(u32, u32)>())
+                .sum::<usize>();
+        let names: usize = self.words.names.iter().map(|n| n.len()).sum();
+        // Each word is held twice (map key and by id), with its entry,
+        // id and document frequency.
+        let words = 2 * names
+            + self.words.ids.capacity() * (size_of::<(Box<str>, u32)>() + 1)
+            + self.words.names.capacity() * size_of::<Box<str>>()
+            + self.words.df.capacity() * size_of::<u32>()
+            + self.words.free.capacity() * size_of::<u32>();
+        spans + words
     }
 
     /// Whether these are the facts of `spans`: the same spans, by id and
@@ -398,10 +420,12 @@ pub(crate) type CanonicalSpan = (SpanId, usize, u32, Vec<(String, u32)>, Vec<(us
 mod tests {
     use super::*;
     use crate::config::SessionConfig;
+    use crate::planner::{PlanInput, apply, plan, plan_with};
     use crate::relevance::{RelevanceWeights, score, score_with};
     use crate::session::{Change, Incoming, Session};
     use crate::span::{ClassSource, Classification, Role, SpanClass};
     use crate::tokens::{ByteLength, TokenCounter};
+    use crate::verify::{verify, verify_with};
 
     /// A small xorshift generator: every run makes the same session.
     struct Rng(u64);
@@ -529,6 +553,39 @@ mod tests {
             let latest = Session::new(session.record.clone(), session.spans.clone());
             latest.relevance()
         });
+        // A plan made with the facts is the plan made from the text, and
+        // so is its verdict.
+        let mut config = session.record.config.clone();
+        config.window_tokens = config
+            .window_tokens
+            .min(u32::try_from(session.record.live_tokens / 2 + 64).unwrap_or(u32::MAX));
+        let input = PlanInput {
+            config: &config,
+            live: &session.spans,
+            incoming_tokens: 40,
+            query: &query,
+            turn,
+            next_span_id: session.record.next_span_id,
+            now_ms: 99,
+            target_tokens: None,
+        };
+        let with = plan_with(&input, Some(kept), &ByteLength);
+        let without = plan(&input, &ByteLength);
+        assert_eq!(with, without, "step {step}");
+        let post = apply(&session.spans, &with);
+        assert_eq!(
+            verify_with(
+                &session.spans,
+                Some(kept),
+                &with,
+                &post,
+                40,
+                &config,
+                &ByteLength
+            ),
+            verify(&session.spans, &with, &post, 40, &config, &ByteLength),
+            "step {step}"
+        );
         // The anchors each span owes, read or extracted.
         let all = 0..session.spans.len();
         let read = LiveFacts::owed_anchors(Some(kept), &session.spans, all.clone());
@@ -588,6 +645,17 @@ mod tests {
             session.spans.iter().any(|s| s.summary.is_some()),
             "a summary stands among the live spans"
         );
+    }
+
+    #[test]
+    fn heap_bytes_grow_with_the_spans() {
+        let spans: Vec<Span> = (1..=50)
+            .map(|id| crate::testing::admitted(id, id, Role::Tool, "src/a.rs deploy 30s"))
+            .collect();
+        let few = LiveFacts::of(&spans[..5]).heap_bytes();
+        let all = LiveFacts::of(&spans).heap_bytes();
+        assert!(few > 0 && all > few, "{few} {all}");
+        assert_eq!(LiveFacts::default().heap_bytes(), 0);
     }
 
     /// Facts out of step with the spans (changed outside `apply`) are not
