@@ -20,7 +20,10 @@
 //! its parts (plan, apply, verify) measured separately the same number of
 //! times, the cost per span, and the growth against `n·log n` between
 //! consecutive sizes: `growth / n·log n` at or below 1 means the step
-//! grew no faster than `n·log n`.
+//! grew no faster than `n·log n`. The parts read the session's facts
+//! ([`Session::facts`]) as the admission does; what deriving them costs
+//! when a session is loaded (`Session::new` over the stored spans) is
+//! printed with each size.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,7 +36,7 @@ use ctxbroker_core::predicate;
 use ctxbroker_core::session::{Change, Incoming, Session, SessionRecord};
 use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
 use ctxbroker_core::tokens::{TokenCounter, counter, warm_up};
-use ctxbroker_core::verify::verify;
+use ctxbroker_core::verify::verify_with;
 
 use crate::common::{Failure, Rng, median};
 
@@ -158,6 +161,20 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
             session.record.config.window_tokens,
             built.elapsed()
         );
+        // Loading: what the session derives from its spans when it is
+        // made from the store's, the copies made outside the clock.
+        let mut load = Vec::with_capacity(repeats);
+        for _ in 0..repeats {
+            let (record, spans) = (session.record.clone(), session.spans.clone());
+            let started = Instant::now();
+            let loaded = Session::new(record, spans);
+            load.push(started.elapsed());
+            drop(loaded);
+        }
+        eprintln!(
+            "{n} spans: Session::new (the facts of every span) in {:.2} ms, median of {repeats}",
+            ms(median(load))
+        );
         let row = measure(&session, &incoming, repeats, c)?;
         rows.push(row);
     }
@@ -220,11 +237,19 @@ fn measure(
     let mut plan = None;
     for _ in 0..repeats {
         let started = Instant::now();
-        let p = planner::plan(&input, c);
+        let p = planner::plan_with(&input, session.facts(), c);
         let planned = Instant::now();
         let post = planner::apply(&session.spans, &p);
         let applied = Instant::now();
-        let verdict = verify(&session.spans, &p, &post, incoming_tokens, config, c);
+        let verdict = verify_with(
+            &session.spans,
+            session.facts(),
+            &p,
+            &post,
+            incoming_tokens,
+            config,
+            c,
+        );
         let verified = Instant::now();
         if !verdict.passed() {
             return Err(format!("{n} spans: the plan failed verification: {verdict:?}").into());

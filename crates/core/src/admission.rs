@@ -13,8 +13,9 @@
 //! Those sizes are only computed when the plain ones do not fit.
 
 use crate::config::SessionConfig;
+use crate::facts::LiveFacts;
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
-use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan};
+use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan_described};
 use crate::span::{
     ClassSource, Classification, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
     SpanId,
@@ -81,10 +82,12 @@ pub struct Refusal {
 /// Decides whether the incoming turn fits, needs a compaction, or must be
 /// refused. Relevance is weighted as `input.config.relevance` says.
 pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
-    decide_with(input, None, counter, |plan, post, verdict| Compaction {
-        plan,
-        post: post.iter().map(|&s| s.clone()).collect(),
-        verdict,
+    decide_with(input, None, None, counter, |plan, post, verdict| {
+        Compaction {
+            plan,
+            post: post.iter().map(|&s| s.clone()).collect(),
+            verdict,
+        }
     })
 }
 
@@ -93,10 +96,13 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
 /// `input.live`), so that a caller that needs no copy of the live context
 /// makes none. A caller that keeps the live context's totals gives them as
 /// `live_totals` (tokens, pinned tokens), and a turn that fits then costs
-/// the size of the turn, not of the live context.
+/// the size of the turn, not of the live context; one that keeps the live
+/// spans' facts gives them as `facts`, and a compaction reads them instead
+/// of the live text.
 pub(crate) fn decide_with<T>(
     input: &AdmissionInput<'_>,
     live_totals: Option<(u64, u64)>,
+    facts: Option<&LiveFacts>,
     counter: &dyn TokenCounter,
     compact: impl FnOnce(Plan, &[&Span], Verdict) -> T,
 ) -> Decision<T> {
@@ -169,10 +175,11 @@ pub(crate) fn decide_with<T>(
         now_ms: input.now_ms,
         target_tokens: None,
     };
-    let plan = plan(&plan_input, counter);
+    let facts = facts.filter(|f| f.describes(input.live));
+    let plan = plan_described(&plan_input, facts, counter);
     let made = made_spans(input.live, &plan);
     let post = apply_refs(input.live, &plan, &made);
-    let verdict = verify_refs(input.live, &plan, &post, incoming, config, counter);
+    let verdict = verify_refs(input.live, facts, &plan, &post, incoming, config, counter);
     if verdict.passed() {
         Decision::Compact(compact(plan, &post, verdict))
     } else {

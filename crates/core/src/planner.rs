@@ -41,21 +41,26 @@
 //!
 //! # Cost
 //!
-//! One relevance pass over the live text, one sort of the candidates, a
-//! linear scan over their prefix sums, and a summary of the evicted spans
-//! whose sentence work is bounded; kept spans are never re-tokenised.
+//! One relevance pass over the live spans (over their text, or, with the
+//! session's [`LiveFacts`], over the words each span was found to have
+//! when it was admitted), a selection and sort of only as many candidates
+//! as the plan reads, a linear scan over their prefix sums, and a summary
+//! of the evicted spans whose sentence work is bounded and whose anchors
+//! are read from the facts; kept spans are never re-tokenised.
 //! Compression, when needed, costs one pass of the compressor over each
 //! constraint and one sort.
 
 use crate::config::SessionConfig;
+use crate::facts::LiveFacts;
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
-use crate::relevance::score;
+use crate::relevance::{score, score_with};
 use crate::span::{
     ClassSource, Classification, OriginalForm, Role, Span, SpanClass, SpanId, SummaryInfo,
 };
-use crate::summary::{SummaryLimits, summarize_limited};
+use crate::summary::{SummaryLimits, summarize_owing};
+use crate::text::{OwedAnchors, required_anchors};
 use crate::tokens::TokenCounter;
 
 /// Tokens reserved for a summary's header on top of its share of the
@@ -156,6 +161,28 @@ pub fn compressed_pinned_tokens(live: &[Span], counter: &dyn TokenCounter) -> u6
 /// Proposes a compaction of `input.live` that leaves room for the incoming
 /// turn.
 pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
+    plan_with(input, None, counter)
+}
+
+/// [`plan`], reading what it needs of each live span from `facts` (the
+/// session's, see [`LiveFacts`]) instead of deriving it from the text:
+/// the same plan. Facts that do not describe `input.live` are not used.
+pub fn plan_with(
+    input: &PlanInput<'_>,
+    facts: Option<&LiveFacts>,
+    counter: &dyn TokenCounter,
+) -> Plan {
+    let facts = facts.filter(|f| f.describes(input.live));
+    plan_described(input, facts, counter)
+}
+
+/// [`plan_with`] of `facts` the caller checked: they describe
+/// `input.live` (see [`LiveFacts::describes`]).
+pub(crate) fn plan_described(
+    input: &PlanInput<'_>,
+    facts: Option<&LiveFacts>,
+    counter: &dyn TokenCounter,
+) -> Plan {
     let config = input.config;
     let live = input.live;
     let budget = u64::from(config.budget_tokens());
@@ -165,27 +192,26 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
     let incoming = input.incoming_tokens;
     let cap = u64::from(config.effective_summary_max_tokens());
 
-    let relevance = score(live, input.query, input.turn, &config.relevance);
+    let relevance = match facts {
+        Some(f) => score_with(live, f, input.query, input.turn, &config.relevance),
+        None => score(live, input.query, input.turn, &config.relevance),
+    };
     let floor = config.relevance_floor;
-    // Relevance is in [0, 1], so its bits order like its value: sort plain
+    // Relevance is in [0, 1], so its bits order like its value: order plain
     // integer keys (relevance, position) rather than compare floats.
-    let mut keys: Vec<(u64, u64, usize)> = (0..live.len())
+    let keys: Vec<(u64, u64, usize)> = (0..live.len())
         .filter(|&i| !live[i].is_pinned() && !live[i].is_protected())
         .map(|i| (relevance[i].to_bits(), live[i].position, i))
         .collect();
-    keys.sort_unstable();
-    let below_floor = keys.iter().take_while(|k| relevance[k.2] < floor).count();
+    let below_floor = keys.iter().filter(|k| relevance[k.2] < floor).count();
     // The standing-instructions tier, oldest first: after every other
     // candidate, except the oldest that its cap obliges to go at once.
     let tier: Vec<usize> = (0..live.len())
         .filter(|&i| live[i].is_protected())
         .collect();
     let over_cap = tier_overflow(live, &tier, protected_cap_tokens(config));
-    let mut order = Vec::with_capacity(keys.len() + tier.len());
-    order.extend(keys[..below_floor].iter().map(|k| k.2));
-    order.extend_from_slice(&tier[..over_cap]);
-    order.extend(keys[below_floor..].iter().map(|k| k.2));
-    order.extend_from_slice(&tier[over_cap..]);
+    let mut order = Order::new(keys, tier, below_floor, over_cap);
+    let candidates = order.len();
     let mandatory = below_floor + over_cap;
     let reason_at = |k: usize| {
         if k < below_floor {
@@ -206,50 +232,51 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
     };
     // prefix[k] = tokens of the first k candidates; carried[k] = tokens
     // of the anchors the summaries among them oblige the next summary to
-    // carry.
-    let mut prefix = Vec::with_capacity(order.len() + 1);
-    let mut carried = Vec::with_capacity(order.len() + 1);
-    prefix.push(0u64);
-    carried.push(0u64);
-    for &i in &order {
-        let last = prefix.last().copied().unwrap_or(0);
-        prefix.push(last + u64::from(live[i].tokens));
-        let last = carried.last().copied().unwrap_or(0);
-        carried.push(last + carried_anchor_tokens(&live[i], counter));
-    }
+    // carry. Both grow only as far as the search for a fit reads them.
+    let mut prefix = vec![0u64];
+    let mut carried = vec![0u64];
+    let mut extend_to = |k: usize, order: &mut Order| {
+        while prefix.len() <= k {
+            let i = order.get(prefix.len() - 1);
+            let last = prefix.last().copied().unwrap_or(0);
+            prefix.push(last + u64::from(live[i].tokens));
+            let last = carried.last().copied().unwrap_or(0);
+            carried.push(last + carried_anchor_tokens(&live[i], counter));
+        }
+        (prefix[k], carried[k])
+    };
     // The least room the summary of the first k candidates needs under
     // the budget: the anchors it must carry, as far as the anchor budget
     // and the summary cap let it carry them.
     let anchor_cap = u64::from(config.effective_anchor_budget_tokens());
-    let anchor_room = |k: usize| {
-        if prefix[k] == 0 {
+    let anchor_room = |evicted: u64, carried: u64| {
+        if evicted == 0 {
             0
         } else {
-            cap.min(carried[k].min(anchor_cap) + SUMMARY_HEADER_RESERVE)
+            cap.min(carried.min(anchor_cap) + SUMMARY_HEADER_RESERVE)
         }
     };
-    let fits = |k: usize, goal: u64| {
-        let kept = before - prefix[k];
-        let needed = kept.saturating_add(incoming);
-        needed.saturating_add(reserve(prefix[k])) <= goal
-            && needed.saturating_add(anchor_room(k)) <= budget
+    let mut first_fit = |goal: u64, order: &mut Order| {
+        (mandatory..=candidates).find(|&k| {
+            let (evicted, carried) = extend_to(k, order);
+            let kept = before - evicted;
+            let needed = kept.saturating_add(incoming);
+            needed.saturating_add(reserve(evicted)) <= goal
+                && needed.saturating_add(anchor_room(evicted, carried)) <= budget
+        })
     };
-    let first_fit = |goal: u64| (mandatory..=order.len()).find(|&k| fits(k, goal));
-    let (count, goal, exhausted) = match first_fit(target) {
+    let (count, goal, exhausted) = match first_fit(target, &mut order) {
         Some(k) => (k, target, false),
-        None => match first_fit(budget) {
+        None => match first_fit(budget, &mut order) {
             Some(k) => (k, budget, false),
-            None => (order.len(), budget, true),
+            None => (candidates, budget, true),
         },
     };
+    let evicted_tokens = extend_to(count, &mut order).0;
 
-    let mut chosen: Vec<(usize, EvictionReason)> = order[..count]
-        .iter()
-        .enumerate()
-        .map(|(k, &i)| (i, reason_at(k)))
-        .collect();
+    let mut chosen: Vec<(usize, EvictionReason)> =
+        (0..count).map(|k| (order.get(k), reason_at(k))).collect();
     chosen.sort_unstable_by_key(|&(i, _)| live[i].position);
-    let evicted_tokens = prefix[count];
     let mut kept = before - evicted_tokens;
 
     let mut compressed = Vec::new();
@@ -288,8 +315,10 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
             .min(cap);
         let prose = goal.saturating_sub(kept.saturating_add(incoming)).min(room);
         let evicted: Vec<&Span> = chosen.iter().map(|&(i, _)| &live[i]).collect();
-        let written = write_summary(
+        let owed = LiveFacts::owed_anchors(facts, live, chosen.iter().map(|&(i, _)| i));
+        let written = write_summary_owing(
             &evicted,
+            owed,
             SummaryRoom {
                 tokens: room,
                 prose_tokens: prose,
@@ -317,6 +346,86 @@ pub fn plan(input: &PlanInput<'_>, counter: &dyn TokenCounter) -> Plan {
         target_tokens: goal,
         anchors_carried,
         anchors_dropped,
+    }
+}
+
+/// The order candidates are evicted in: the keys (relevance, position,
+/// index) of narrative and summaries below the floor, the tier's oldest
+/// past its cap, the other keys, the rest of the tier. The keys are sorted
+/// only as far as they are read: a compaction that evicts a few thousand
+/// of a hundred thousand candidates selects and sorts those, and the
+/// order it reads is the one a full sort gives (keys are distinct: they
+/// end with the index).
+struct Order {
+    keys: Vec<(u64, u64, usize)>,
+    /// `keys[..sorted]` are the smallest keys, in order.
+    sorted: usize,
+    tier: Vec<usize>,
+    below_floor: usize,
+    over_cap: usize,
+}
+
+impl Order {
+    /// Keys sorted at least this far at once: a small compaction sorts
+    /// no more than it would have.
+    const FIRST_SORT: usize = 1024;
+
+    fn new(
+        keys: Vec<(u64, u64, usize)>,
+        tier: Vec<usize>,
+        below_floor: usize,
+        over_cap: usize,
+    ) -> Order {
+        let mut order = Order {
+            keys,
+            sorted: 0,
+            tier,
+            below_floor,
+            over_cap,
+        };
+        order.sort_to(below_floor);
+        order
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len() + self.tier.len()
+    }
+
+    /// Sorts the keys at least `m` far, doubling what is sorted so that
+    /// reading the order to its end costs one full sort.
+    fn sort_to(&mut self, m: usize) {
+        if m <= self.sorted {
+            return;
+        }
+        let end = m
+            .max(self.sorted.saturating_mul(2))
+            .max(Order::FIRST_SORT)
+            .min(self.keys.len());
+        let rest = &mut self.keys[self.sorted..];
+        let want = end - self.sorted;
+        if want < rest.len() && want > 0 {
+            rest.select_nth_unstable(want - 1);
+            rest[..want].sort_unstable();
+        } else {
+            rest.sort_unstable();
+        }
+        self.sorted = end;
+    }
+
+    /// The live index of the `k`-th candidate to go (`k < len`).
+    fn get(&mut self, k: usize) -> usize {
+        let (floor, cap, n) = (self.below_floor, self.over_cap, self.keys.len());
+        let at = if k < floor {
+            k
+        } else if k < floor + cap {
+            return self.tier[k - floor];
+        } else if k < n + cap {
+            k - cap
+        } else {
+            return self.tier[k - n];
+        };
+        self.sort_to(at + 1);
+        self.keys[at].2
     }
 }
 
@@ -396,13 +505,38 @@ pub fn write_summary(
     slot: SummarySlot,
     counter: &dyn TokenCounter,
 ) -> WrittenSummary {
+    let mut owed = OwedAnchors::with_capacity(evicted.len());
+    for span in evicted {
+        for anchor in required_anchors(span) {
+            owed.add(&anchor);
+        }
+    }
+    write_summary_owing(evicted, owed, room, config, slot, counter)
+}
+
+/// [`write_summary`] of `evicted`, whose anchors are `owed` (see
+/// [`summarize_owing`]).
+fn write_summary_owing(
+    evicted: &[&Span],
+    owed: OwedAnchors,
+    room: SummaryRoom,
+    config: &SessionConfig,
+    slot: SummarySlot,
+    counter: &dyn TokenCounter,
+) -> WrittenSummary {
     let max = u32::try_from(room.tokens).unwrap_or(u32::MAX);
     let limits = SummaryLimits {
         max_tokens: max,
         prose_tokens: u32::try_from(room.prose_tokens).unwrap_or(u32::MAX),
         anchor_tokens: config.effective_anchor_budget_tokens().min(max),
     };
-    let draft = summarize_limited(evicted, limits, config.max_summary_generations, counter);
+    let draft = summarize_owing(
+        evicted,
+        owed,
+        limits,
+        config.max_summary_generations,
+        counter,
+    );
     if draft.text.is_empty() || evicted.is_empty() {
         return WrittenSummary {
             span: None,
@@ -501,13 +635,19 @@ pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> 
         }
         post.push(s);
     }
-    if let Some(summary) = summary {
-        post.push(summary);
-    }
     // Stable, as `apply` has always sorted: spans sharing a position keep
-    // the order of pre. Already in order but for the summary, which costs
-    // one pass.
-    post.sort_by_key(|s| s.position);
+    // the order of pre, and the summary, added last, follows them. A live
+    // context is in prompt order already, and the summary then goes where
+    // that sort puts it: after every span at or before its position.
+    if post.windows(2).all(|w| w[0].position <= w[1].position) {
+        if let Some(summary) = summary {
+            let at = post.partition_point(|s| s.position <= summary.position);
+            post.insert(at, summary);
+        }
+    } else {
+        post.extend(summary);
+        post.sort_by_key(|s| s.position);
+    }
     post
 }
 
@@ -846,6 +986,41 @@ mod tests {
         assert_eq!(post[0].text, "Never write prod namespace.");
         assert_eq!(post[0].tokens, 27);
         assert_eq!(post[0].predicate, live[0].predicate);
+    }
+
+    /// The order read lazily is the order of one full sort, whatever is
+    /// read first and however far.
+    #[test]
+    fn the_lazy_order_is_the_sorted_order() {
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for len in [0usize, 1, 5, 1_000, 1_025, 5_000] {
+            let keys: Vec<(u64, u64, usize)> =
+                (0..len).map(|i| (next(50), next(1_000), i)).collect();
+            let tier: Vec<usize> = (len..len + next(6) as usize).collect();
+            let over_cap = next(tier.len() as u64 + 1) as usize;
+            let mut sorted = keys.clone();
+            sorted.sort_unstable();
+            let below_floor = next(len as u64 + 1) as usize;
+            let mut want: Vec<usize> = Vec::new();
+            want.extend(sorted[..below_floor].iter().map(|k| k.2));
+            want.extend_from_slice(&tier[..over_cap]);
+            want.extend(sorted[below_floor..].iter().map(|k| k.2));
+            want.extend_from_slice(&tier[over_cap..]);
+            // Read in order, and from the far end back.
+            let mut order = Order::new(keys.clone(), tier.clone(), below_floor, over_cap);
+            let got: Vec<usize> = (0..order.len()).map(|k| order.get(k)).collect();
+            assert_eq!(got, want, "{len}");
+            let mut order = Order::new(keys, tier, below_floor, over_cap);
+            let mut back: Vec<usize> = (0..order.len()).rev().map(|k| order.get(k)).collect();
+            back.reverse();
+            assert_eq!(back, want, "{len}");
+        }
     }
 
     /// `apply` as first written: a copy of every kept span, the forms

@@ -24,10 +24,14 @@
 //! Words are maximal runs of letters, digits and `_`, lower-cased, of at
 //! least two characters; a few function words are ignored. Every span's
 //! text is scanned once and only the query's words are looked up, so the
-//! cost is linear in the total text.
+//! cost is linear in the total text. A session keeps each live span's
+//! words and their counts ([`crate::facts`]) and scores from those
+//! instead ([`score_with`]): the same scores, summed in the same order,
+//! at a cost linear in the spans' distinct words, with no text read.
 
 use std::hash::{BuildHasher, Hasher};
 
+use crate::facts::LiveFacts;
 use crate::fasthash::{self, FastSet, FastState};
 use crate::span::Span;
 
@@ -86,7 +90,34 @@ pub fn score(
     current_turn: u64,
     weights: &RelevanceWeights,
 ) -> Vec<f64> {
-    let similarity = similarity(spans, query);
+    blend(spans, similarity(spans, query), current_turn, weights)
+}
+
+/// [`score`] of a session's live context from what the session keeps of
+/// each span (`facts`, which must describe `spans`): the same scores,
+/// without reading the spans' text.
+pub(crate) fn score_with(
+    spans: &[Span],
+    facts: &LiveFacts,
+    query: &str,
+    current_turn: u64,
+    weights: &RelevanceWeights,
+) -> Vec<f64> {
+    blend(
+        spans,
+        facts.similarity(spans.len(), &query_terms(query)),
+        current_turn,
+        weights,
+    )
+}
+
+/// Each span's score from its similarity, as the formula blends it.
+fn blend(
+    spans: &[Span],
+    similarity: Vec<f64>,
+    current_turn: u64,
+    weights: &RelevanceWeights,
+) -> Vec<f64> {
     let w_r = sane(weights.recency);
     let w_s = sane(weights.similarity);
     let w_l = sane(weights.length);
@@ -463,8 +494,43 @@ fn load32(b: &[u8], at: usize) -> u64 {
         .map_or(0, |a| u64::from(u32::from_le_bytes(a)))
 }
 
-/// BM25 of each span against the query, normalised by the best.
-fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
+/// Calls `f` with each word of `text` that similarity can match,
+/// lower-cased, in order, and returns how many words `text` has in all:
+/// its length, as BM25 measures it.
+pub(crate) fn for_each_counted_word(text: &str, mut f: impl FnMut(&str)) -> u32 {
+    let mut len = 0u32;
+    let mut buf = String::new();
+    if text.is_ascii() {
+        for_each_ascii_word(text.as_bytes(), |w| {
+            len = len.saturating_add(1);
+            // Lower-casing ASCII keeps the length: shorter words never
+            // count.
+            if w.len() >= 2
+                && let Ok(w) = std::str::from_utf8(w)
+            {
+                buf.clear();
+                buf.push_str(w);
+                buf.make_ascii_lowercase();
+                if counts(&buf) {
+                    f(&buf);
+                }
+            }
+        });
+    } else {
+        for_each_word(text, |start, end, ascii| {
+            len = len.saturating_add(1);
+            lower_into(&text[start..end], ascii, &mut buf);
+            if counts(&buf) {
+                f(&buf);
+            }
+        });
+    }
+    len
+}
+
+/// The query's distinct words that similarity counts, lower-cased, in
+/// order of first appearance.
+fn query_terms(query: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
     let mut known: FastSet<String> = fasthash::set(16);
     let mut buf = String::new();
@@ -475,6 +541,31 @@ fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
             words.push(buf.clone());
         }
     });
+    words
+}
+
+/// BM25's inverse document frequency of a term in `d` of `n` spans.
+pub(crate) fn idf(n: f64, d: u32) -> f64 {
+    (1.0 + (n - f64::from(d) + 0.5) / (f64::from(d) + 0.5)).ln()
+}
+
+/// BM25's term weight: a term `f` times in a span whose length norm is
+/// `norm`, of inverse document frequency `idf`.
+pub(crate) fn term_weight(idf: f64, f: u32, norm: f64) -> f64 {
+    let f = f64::from(f);
+    idf * f * (BM25_K1 + 1.0) / (f + BM25_K1 * norm)
+}
+
+/// BM25's length norm of a span of `len` words among spans of `avg`
+/// words on average.
+pub(crate) fn length_norm(len: u32, avg: f64) -> f64 {
+    1.0 - BM25_B + BM25_B * f64::from(len) / avg
+}
+
+/// BM25 of each span against the query, normalised by the best.
+fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
+    let words = query_terms(query);
+    let mut buf = String::new();
     if words.is_empty() || spans.is_empty() {
         return vec![0.0; spans.len()];
     }
@@ -525,21 +616,22 @@ fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
     }
     let n = spans.len() as f64;
     let avg = (lengths.iter().map(|&l| f64::from(l)).sum::<f64>() / n).max(1.0);
-    let idf: Vec<f64> = df
-        .iter()
-        .map(|&d| (1.0 + (n - f64::from(d) + 0.5) / (f64::from(d) + 0.5)).ln())
-        .collect();
+    let idf: Vec<f64> = df.iter().map(|&d| idf(n, d)).collect();
     let mut raw = vec![0.0f64; spans.len()];
     for &(i, t, f) in &matches {
-        let f = f64::from(f);
-        let norm = 1.0 - BM25_B + BM25_B * f64::from(lengths[i as usize]) / avg;
-        raw[i as usize] += idf[t as usize] * f * (BM25_K1 + 1.0) / (f + BM25_K1 * norm);
+        let norm = length_norm(lengths[i as usize], avg);
+        raw[i as usize] += term_weight(idf[t as usize], f, norm);
     }
+    normalise(&mut raw);
+    raw
+}
+
+/// Divides every score by the best, when there is one.
+pub(crate) fn normalise(raw: &mut [f64]) {
     let best = raw.iter().copied().fold(0.0f64, f64::max);
     if best > 0.0 {
         raw.iter_mut().for_each(|s| *s /= best);
     }
-    raw
 }
 
 #[cfg(test)]
@@ -719,6 +811,7 @@ mod tests {
             .enumerate()
             .map(|(i, t)| span(i as u64 + 1, 1, t, 9))
             .collect();
+        let facts = LiveFacts::of(&spans);
         for query in [
             "deploy staging",
             "DEPLOY Staging fails",
@@ -732,6 +825,8 @@ mod tests {
             let got = similarity(&spans, query);
             let want = reference_similarity(&spans, query);
             assert_eq!(got, want, "query {query:?}");
+            let read = facts.similarity(spans.len(), &query_terms(query));
+            assert_eq!(read, want, "query {query:?}, from the facts");
         }
     }
 

@@ -29,8 +29,8 @@ use crate::classify::is_word_char;
 use crate::fasthash::{self, FastSet};
 use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{
-    chunk_is_anchor, chunks, cut_chars, is_error_line, is_file_name, is_number_with_unit, is_path,
-    is_url, is_version, required_anchors,
+    OwedAnchors, chunk_is_anchor, chunks, cut_chars, is_error_line, is_file_name,
+    is_number_with_unit, is_path, is_url, is_version, required_anchors,
 };
 use crate::tokens::TokenCounter;
 
@@ -145,22 +145,35 @@ pub fn summarize_limited(
     max_generations: u32,
     counter: &dyn TokenCounter,
 ) -> SummaryDraft {
+    let mut owed = OwedAnchors::with_capacity(evicted.len());
+    for span in evicted {
+        for anchor in required_anchors(span) {
+            owed.add(&anchor);
+        }
+    }
+    summarize_owing(evicted, owed, limits, max_generations, counter)
+}
+
+/// [`summarize_limited`] of `evicted`, whose anchors, as
+/// [`required_anchors`] gives them span by span, are `owed`: a session
+/// reads them from what it keeps of its spans instead of extracting them
+/// again.
+pub(crate) fn summarize_owing(
+    evicted: &[&Span],
+    owed: OwedAnchors,
+    limits: SummaryLimits,
+    max_generations: u32,
+    counter: &dyn TokenCounter,
+) -> SummaryDraft {
     let max_tokens = limits.max_tokens;
     let max_generation = max_generations.max(1);
     let highest = evicted.iter().map(|s| s.generation).max().unwrap_or(0);
     let generation = highest.saturating_add(1).min(max_generation);
     let covers: Vec<SpanId> = evicted.iter().map(|s| s.id).collect();
-
-    let mut seen: FastSet<String> = fasthash::set(evicted.len());
-    let mut candidates: Vec<String> = Vec::new();
-    for span in evicted {
-        for anchor in required_anchors(span) {
-            if !anchor.is_empty() && !seen.contains(&anchor) {
-                seen.insert(anchor.clone());
-                candidates.push(anchor);
-            }
-        }
-    }
+    let OwedAnchors {
+        seen,
+        list: candidates,
+    } = owed;
 
     let writer = Writer {
         counter,

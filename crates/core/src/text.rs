@@ -30,7 +30,7 @@
 //! (`well-known`) are not anchors.
 
 use crate::classify::{code_ranges, is_word_char};
-use crate::fasthash;
+use crate::fasthash::{self, FastSet};
 use crate::span::Span;
 
 /// The longest anchor, in characters; longer error lines and inline code
@@ -46,6 +46,33 @@ pub(crate) fn required_anchors(span: &Span) -> Vec<String> {
     }
 }
 
+/// The anchors a set of spans owes a summary: each distinct non-empty
+/// anchor once, in order of first appearance.
+#[derive(Debug, Default)]
+pub(crate) struct OwedAnchors {
+    /// The anchors, as a set.
+    pub(crate) seen: FastSet<String>,
+    /// The anchors, in order.
+    pub(crate) list: Vec<String>,
+}
+
+impl OwedAnchors {
+    pub(crate) fn with_capacity(n: usize) -> OwedAnchors {
+        OwedAnchors {
+            seen: fasthash::set(n),
+            list: Vec::with_capacity(n),
+        }
+    }
+
+    /// Adds `anchor` unless it is empty or already owed.
+    pub(crate) fn add(&mut self, anchor: &str) {
+        if !anchor.is_empty() && !self.seen.contains(anchor) {
+            self.seen.insert(anchor.to_owned());
+            self.list.push(anchor.to_owned());
+        }
+    }
+}
+
 /// At most `max` characters of `s`, cut on a character boundary.
 pub(crate) fn cut_chars(s: &str, max: usize) -> &str {
     match s.char_indices().nth(max) {
@@ -58,6 +85,17 @@ pub(crate) fn cut_chars(s: &str, max: usize) -> &str {
 /// verbatim. Deduplicated, in order of first appearance; every anchor is a
 /// substring of `text`.
 pub fn extract_anchors(text: &str) -> Vec<String> {
+    anchor_ranges(text)
+        .into_iter()
+        .filter_map(|(start, end)| text.get(start..end))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// [`extract_anchors`] as byte ranges of `text`, each the first
+/// occurrence of its anchor: what a session keeps of every live span, so
+/// that a compaction reads the anchors instead of extracting them again.
+pub(crate) fn anchor_ranges(text: &str) -> Vec<(usize, usize)> {
     let mut found: Vec<(usize, &str)> = Vec::new();
     let mut offset = 0;
     let lines = if may_report_error(text) { text } else { "" };
@@ -97,18 +135,26 @@ pub fn extract_anchors(text: &str) -> Vec<String> {
     }
     found.sort_by_key(|&(at, _)| at);
     found.retain(|(_, a)| !a.is_empty());
-    let mut out: Vec<String> = Vec::with_capacity(found.len());
+    // Every anchor is a slice of `text`: its range is where the slice
+    // starts.
+    let range = |a: &str| {
+        let start = (a.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        (start, start + a.len())
+    };
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(found.len());
     if found.len() <= 16 {
+        let mut kept: Vec<&str> = Vec::with_capacity(found.len());
         for (_, a) in found {
-            if !out.iter().any(|o| o == a) {
-                out.push(a.to_string());
+            if !kept.contains(&a) {
+                kept.push(a);
+                out.push(range(a));
             }
         }
     } else {
         let mut seen = fasthash::set(found.len());
         for (_, a) in found {
             if seen.insert(a) {
-                out.push(a.to_string());
+                out.push(range(a));
             }
         }
     }

@@ -105,6 +105,7 @@ impl Session {
                 now_ms,
             },
             Some((self.record.live_tokens, self.record.pinned_tokens)),
+            Some(&self.facts),
             counter,
             |plan, post, _verdict| {
                 (!needs_approval).then(|| {

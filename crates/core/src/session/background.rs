@@ -7,7 +7,6 @@ use super::{Change, Session};
 use crate::marker::CompactionTrigger;
 use crate::plan::{Eviction, EvictionReason, Plan};
 use crate::planner::{self, PlanInput, SummaryRoom, SummarySlot};
-use crate::relevance;
 use crate::span::{Span, SpanClass};
 use crate::tokens::TokenCounter;
 use crate::trigger;
@@ -34,7 +33,7 @@ impl Session {
             return None;
         }
         let query = self.latest_query();
-        let plan = planner::plan(
+        let plan = planner::plan_described(
             &PlanInput {
                 config,
                 live: &self.spans,
@@ -45,6 +44,7 @@ impl Session {
                 now_ms,
                 target_tokens: Some(u64::from(config.soft_target_tokens())),
             },
+            self.facts(),
             counter,
         );
         let detail = format!(
@@ -95,8 +95,7 @@ impl Session {
         if stale.is_empty() {
             return None;
         }
-        let relevance =
-            relevance::score(&self.spans, &self.latest_query(), latest, &config.relevance);
+        let relevance = self.relevance();
         let before: u64 = self.spans.iter().map(|s| u64::from(s.tokens)).sum();
         let evicted_tokens: u64 = stale.iter().map(|&i| u64::from(self.spans[i].tokens)).sum();
         let kept = before - evicted_tokens;
@@ -168,7 +167,17 @@ impl Session {
         }
         let made = planner::made_spans(&self.spans, &plan);
         let post = planner::apply_refs(&self.spans, &plan, &made);
-        if !verify_refs(&self.spans, &plan, &post, 0, &self.record.config, counter).passed() {
+        if !verify_refs(
+            &self.spans,
+            self.facts(),
+            &plan,
+            &post,
+            0,
+            &self.record.config,
+            counter,
+        )
+        .passed()
+        {
             return None;
         }
         Some(self.compaction(

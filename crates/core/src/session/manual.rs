@@ -128,7 +128,15 @@ impl Session {
         let plan = self.manual_plan(&plan_id, now_ms, counter);
         let made = planner::made_spans(&self.spans, &plan);
         let post = planner::apply_refs(&self.spans, &plan, &made);
-        let verdict = verify_refs(&self.spans, &plan, &post, incoming_tokens, config, counter);
+        let verdict = verify_refs(
+            &self.spans,
+            self.facts(),
+            &plan,
+            &post,
+            incoming_tokens,
+            config,
+            counter,
+        );
         PlanOutcome {
             plan_id,
             plan,
@@ -214,6 +222,7 @@ impl Session {
         plan.tokens_after = post.iter().map(|s| u64::from(s.tokens)).sum();
         let verdict = verify_refs(
             &self.spans,
+            self.facts(),
             &plan,
             &post,
             plan_id.incoming_tokens,
@@ -261,7 +270,7 @@ impl Session {
     /// The plan a plan id stands for.
     fn manual_plan(&self, plan_id: &PlanId, now_ms: u64, counter: &dyn TokenCounter) -> Plan {
         let query = self.latest_query();
-        planner::plan(
+        planner::plan_described(
             &PlanInput {
                 config: &self.record.config,
                 live: &self.spans,
@@ -272,6 +281,7 @@ impl Session {
                 now_ms,
                 target_tokens: Some(plan_id.target_tokens),
             },
+            self.facts(),
             counter,
         )
     }

@@ -21,6 +21,7 @@ pub use change::{Change, Rejection, SessionRecord};
 pub use manual::{CallerEdits, PlanId, PlanOutcome};
 
 use crate::config::SessionConfig;
+use crate::facts::LiveFacts;
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::marker::Marker;
 use crate::plan::Sizes;
@@ -35,13 +36,27 @@ use crate::span::{Span, SpanClass, SpanId};
 /// nothing changes until [`Session::apply`] adopts a change the store has
 /// acknowledged. A session rebuilt with [`Session::new`] from what the
 /// store holds behaves exactly like the one that wrote it: nothing lives
-/// outside the record and the spans, plans included.
-#[derive(Debug, Clone, PartialEq)]
+/// outside the record and the spans, plans included. What it derives from
+/// its spans ([`LiveFacts`]) is rebuilt from them and kept up to date by
+/// [`Session::apply`]; `spans` should change only through it (a session
+/// whose spans were changed otherwise still plans correctly, deriving
+/// what it needs from the text at each plan).
+#[derive(Debug, Clone)]
 pub struct Session {
     /// The configuration and counters.
     pub record: SessionRecord,
     /// The live context, in prompt order.
     pub spans: Vec<Span>,
+    /// What each live span's text gives a compaction, derived once.
+    facts: LiveFacts,
+}
+
+/// Sessions are equal when their records and spans are: the facts follow
+/// from the spans.
+impl PartialEq for Session {
+    fn eq(&self, other: &Session) -> bool {
+        self.record == other.record && self.spans == other.spans
+    }
 }
 
 /// The live context's totals, which a record keeps up to date.
@@ -109,9 +124,15 @@ fn first_indices(
 }
 
 impl Session {
-    /// A session from its stored state.
+    /// A session from its stored state. Derives the facts of every span
+    /// (see [`LiveFacts`]): linear in the text of the live context.
     pub fn new(record: SessionRecord, spans: Vec<Span>) -> Session {
-        Session { record, spans }
+        let facts = LiveFacts::of(&spans);
+        Session {
+            record,
+            spans,
+            facts,
+        }
     }
 
     /// A session just created at `now_ms`: revision 1, no spans.
@@ -119,7 +140,14 @@ impl Session {
         Session {
             record: SessionRecord::new(id, config, now_ms),
             spans: Vec::new(),
+            facts: LiveFacts::default(),
         }
+    }
+
+    /// What the session derived from its live spans, when it still
+    /// describes them (see [`Session`]).
+    pub fn facts(&self) -> Option<&LiveFacts> {
+        Some(&self.facts).filter(|f| f.describes(&self.spans))
     }
 
     /// Adopts a change once the store has acknowledged it, the way the
@@ -129,10 +157,27 @@ impl Session {
     /// when nothing is evicted.
     pub fn apply(&mut self, change: &Change) {
         self.record = change.record.clone();
+        // Facts out of step with the spans (which only a change of
+        // `spans` outside this method makes) are derived afresh at the
+        // end; the check costs nothing per span, so that a change that
+        // evicts nothing still costs only what it touches.
+        let in_step = self.facts.len() == self.spans.len();
         if !change.evict.is_empty() {
             let mut evicted: FastSet<SpanId> = fasthash::set(change.evict.len());
             evicted.extend(change.evict.iter().copied());
-            self.spans.retain(|s| !evicted.contains(&s.id));
+            let keep: Vec<bool> = self
+                .spans
+                .iter()
+                .map(|s| !evicted.contains(&s.id))
+                .collect();
+            let mut k = 0;
+            self.spans.retain(|_| {
+                k += 1;
+                keep[k - 1]
+            });
+            if in_step {
+                self.facts.retain(&keep);
+            }
         }
         if !change.replace.is_empty() {
             // Each replacement goes to the first live span with its id.
@@ -143,6 +188,9 @@ impl Session {
             for span in &change.replace {
                 if let Some(&Some(i)) = first.get(&span.id) {
                     self.spans[i] = span.clone();
+                    if in_step {
+                        self.facts.replace(i, span);
+                    }
                 }
             }
         }
@@ -151,20 +199,30 @@ impl Session {
                 .spans
                 .partition_point(|s| s.position < summary.position);
             self.spans.insert(at, summary.clone());
+            if in_step {
+                self.facts.insert(at, summary);
+            }
         }
         self.spans.extend(change.append.iter().cloned());
+        if in_step {
+            for span in &change.append {
+                self.facts.push(span);
+            }
+        } else {
+            self.facts = LiveFacts::of(&self.spans);
+        }
     }
 
     /// Each live span's relevance as of the latest turn (the query is that
     /// turn's non-summary text), weighted as the session's configuration
     /// says: what GetContext reports next to every span.
     pub fn relevance(&self) -> Vec<f64> {
-        relevance::score(
-            &self.spans,
-            &self.latest_query(),
-            self.record.turns,
-            &self.record.config.relevance,
-        )
+        let query = self.latest_query();
+        let (turn, weights) = (self.record.turns, &self.record.config.relevance);
+        match self.facts() {
+            Some(facts) => relevance::score_with(&self.spans, facts, &query, turn, weights),
+            None => relevance::score(&self.spans, &query, turn, weights),
+        }
     }
 
     /// The text of the latest turn's admitted spans: what relevance is

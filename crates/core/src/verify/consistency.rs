@@ -23,15 +23,16 @@ pub(super) fn check_repeated_ids(v: &mut Report, pre: &[Span], pre_index: &PreIn
 }
 
 /// Evictions: of live spans, once each, with their tokens. Returns which
-/// pre spans are evicted, by index, and the evicted spans in plan order.
-pub(super) fn check_evictions<'a>(
+/// pre spans are evicted, by index, and the indices of the evicted spans
+/// in plan order.
+pub(super) fn check_evictions(
     v: &mut Report,
-    pre: &'a [Span],
+    pre: &[Span],
     pre_index: &PreIndex,
     plan: &Plan,
-) -> (Vec<bool>, Vec<&'a Span>) {
+) -> (Vec<bool>, Vec<usize>) {
     let mut is_evicted = vec![false; pre.len()];
-    let mut evicted: Vec<&Span> = Vec::with_capacity(plan.evicted.len());
+    let mut evicted: Vec<usize> = Vec::with_capacity(plan.evicted.len());
     let mut hint = 0;
     for e in &plan.evicted {
         let Some(i) = pre_index.get_near(e.span_id, &mut hint) else {
@@ -62,7 +63,7 @@ pub(super) fn check_evictions<'a>(
                 ),
             );
         }
-        evicted.push(s);
+        evicted.push(i);
     }
     (is_evicted, evicted)
 }

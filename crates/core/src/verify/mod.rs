@@ -21,6 +21,7 @@ mod kept;
 mod summary;
 
 use crate::config::SessionConfig;
+use crate::facts::LiveFacts;
 use crate::plan::{Plan, Verdict, Violation, ViolationKind};
 use crate::span::{Span, SpanId};
 use crate::tokens::TokenCounter;
@@ -41,13 +42,33 @@ pub fn verify(
     counter: &dyn TokenCounter,
 ) -> Verdict {
     let post: Vec<&Span> = post.iter().collect();
-    verify_refs(pre, plan, &post, incoming_tokens, config, counter)
+    verify_refs(pre, None, plan, &post, incoming_tokens, config, counter)
 }
 
-/// [`verify`] of a post-state given by reference: the admission path
+/// [`verify`] reading the anchors the evicted spans owe from `facts`
+/// (the session's, see [`LiveFacts`]) instead of extracting them from
+/// the text: the same verdict. Facts that do not describe `pre` are not
+/// used.
+pub fn verify_with(
+    pre: &[Span],
+    facts: Option<&LiveFacts>,
+    plan: &Plan,
+    post: &[Span],
+    incoming_tokens: u64,
+    config: &SessionConfig,
+    counter: &dyn TokenCounter,
+) -> Verdict {
+    let post: Vec<&Span> = post.iter().collect();
+    let facts = facts.filter(|f| f.describes(pre));
+    verify_refs(pre, facts, plan, &post, incoming_tokens, config, counter)
+}
+
+/// [`verify_with`] of a post-state given by reference: the admission path
 /// checks the spans it keeps where they stand rather than copies of them.
+/// The caller checked that `facts` describe `pre`.
 pub(crate) fn verify_refs(
     pre: &[Span],
+    facts: Option<&LiveFacts>,
     plan: &Plan,
     post: &[&Span],
     incoming_tokens: u64,
@@ -57,15 +78,20 @@ pub(crate) fn verify_refs(
     let mut v = Report::default();
     let pre_index = PreIndex::new(pre);
     consistency::check_repeated_ids(&mut v, pre, &pre_index);
-    let (is_evicted, evicted) = consistency::check_evictions(&mut v, pre, &pre_index, plan);
+    let (is_evicted, evicted_at) = consistency::check_evictions(&mut v, pre, &pre_index, plan);
+    let evicted: Vec<&Span> = evicted_at.iter().map(|&i| &pre[i]).collect();
+    // The anchors are the text's, by the rules of `text`: derived once
+    // per span by the session, or here.
+    let owed = LiveFacts::owed_anchors(facts, pre, evicted_at.iter().copied());
     let pre = Pre {
         spans: pre,
         index: pre_index,
         is_evicted,
     };
     let forms = consistency::check_forms(&mut v, &pre, plan, counter);
-    let summary_tokens =
-        summary::check_summary_and_anchors(&mut v, plan, &pre.index, &evicted, config, counter);
+    let summary_tokens = summary::check_summary_and_anchors(
+        &mut v, plan, &pre.index, &evicted, owed.list, config, counter,
+    );
     consistency::check_post_order(&mut v, &pre, plan, post);
     constraints::check_compression_timing(&mut v, plan, post);
     let (state, post_tokens) =

@@ -8,16 +8,18 @@ use crate::config::SessionConfig;
 use crate::fasthash::{self, FastSet};
 use crate::plan::{Plan, ViolationKind};
 use crate::span::{Span, SpanClass, SpanId};
-use crate::text::required_anchors;
 use crate::tokens::TokenCounter;
 
 /// The summary, recounted and checked, and the anchors the evicted spans
-/// owe it. Returns the summary's recounted tokens.
+/// owe it (`owed`: every anchor of an original span's text, and every
+/// anchor an evicted summary recorded, each once). Returns the summary's
+/// recounted tokens.
 pub(super) fn check_summary_and_anchors(
     v: &mut Report,
     plan: &Plan,
     pre_index: &PreIndex,
     evicted: &[&Span],
+    owed: Vec<String>,
     config: &SessionConfig,
     counter: &dyn TokenCounter,
 ) -> Option<u32> {
@@ -36,7 +38,7 @@ pub(super) fn check_summary_and_anchors(
             ),
         );
     }
-    check_anchors(v, plan, evicted);
+    check_anchors(v, plan, evicted, owed);
     summary_tokens
 }
 
@@ -191,30 +193,12 @@ fn check_summary(
     }
 }
 
-/// The anchors the evicted spans oblige the summary to carry: every
-/// anchor of an original span's text, and every anchor an evicted summary
-/// recorded (or, if it recorded none, the anchors of its text).
-fn owed_anchors(evicted: &[&Span]) -> Vec<String> {
-    let mut seen: FastSet<String> = fasthash::set(evicted.len() * 2);
-    let mut out = Vec::new();
-    for s in evicted {
-        for a in required_anchors(s) {
-            if !a.is_empty() && !seen.contains(&a) {
-                seen.insert(a.clone());
-                out.push(a);
-            }
-        }
-    }
-    out
-}
-
 /// The anchors the evicted spans owe: carried by the summary, or as many
 /// missing as the plan accounts for as dropped.
-fn check_anchors(v: &mut Report, plan: &Plan, evicted: &[&Span]) {
+fn check_anchors(v: &mut Report, plan: &Plan, evicted: &[&Span], owed: Vec<String>) {
     if evicted.is_empty() {
         return;
     }
-    let owed = owed_anchors(evicted);
     let text = plan.summary.as_ref().map_or("", |s| s.text.as_str());
     // Claimed anchors were checked against the text already.
     let claimed: FastSet<&str> = plan

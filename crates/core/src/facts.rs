@@ -1,0 +1,680 @@
+//! What a compaction reads of every live span, derived once per span.
+//!
+//! A compaction orders the whole live context by relevance, which needs
+//! each span's words, and its summary and the verifier's check of it need
+//! the anchors of every span it evicts. Both depend only on the span's
+//! text, so a session derives them once, when a span joins the live
+//! context (admitted, written as a summary or a compressed form, or read
+//! from the store when the session is loaded), and keeps them next to the
+//! spans in [`LiveFacts`]: a plan then reads them instead of scanning the
+//! text of every live span again.
+//!
+//! Nothing here is stored: the facts are rebuilt from the spans whenever a
+//! session is constructed, and a reader that finds them out of step with
+//! the spans it is given derives what it needs from the text instead.
+//!
+//! # What is kept
+//!
+//! Per span, in prompt order: its id and text length (to recognise it),
+//! its length in words and its distinct matchable words with their counts
+//! in order of first appearance (for BM25, see [`crate::relevance`]), and
+//! the byte ranges of its anchors (see [`crate::text`]) unless it is a
+//! summary, whose recorded anchors are read from the span. Words are
+//! interned per session; each word's document frequency and the total
+//! length are kept up to date, and a word no live span uses is forgotten.
+
+use std::fmt;
+
+use crate::fasthash::{self, FastMap};
+use crate::relevance::{self, for_each_counted_word};
+use crate::span::{Span, SpanId};
+use crate::text::{OwedAnchors, anchor_ranges, required_anchors};
+
+/// What is derived once from one live span.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SpanFacts {
+    id: SpanId,
+    text_len: usize,
+    /// Words in all, matchable or not: the span's length for BM25.
+    words: u32,
+    /// How many of `data`'s pairs are words; the rest are anchors.
+    terms: u32,
+    /// (word id, count) of each distinct matchable word, in order of
+    /// first appearance (the order BM25 sums a span's terms in), then
+    /// the byte range (start, end) of each anchor of the text: one
+    /// allocation per span. No anchors for a span that records its
+    /// anchors as a summary, nor for a text too long for 32-bit offsets,
+    /// whose anchors are extracted when asked for (`anchors_in_text`).
+    data: Box<[(u32, u32)]>,
+    anchors_in_text: bool,
+}
+
+impl SpanFacts {
+    fn terms(&self) -> &[(u32, u32)] {
+        self.data.get(..self.terms as usize).unwrap_or(&[])
+    }
+
+    fn anchors(&self) -> &[(u32, u32)] {
+        self.data.get(self.terms as usize..).unwrap_or(&[])
+    }
+}
+
+/// The words of a session's live spans: each distinct lower-cased word
+/// once, with the number of live spans using it.
+#[derive(Clone, Default)]
+struct Words {
+    ids: FastMap<Box<str>, u32>,
+    /// By id: the word ("" once forgotten) and its document frequency.
+    names: Vec<Box<str>>,
+    df: Vec<u32>,
+    /// Ids of forgotten words, to reuse.
+    free: Vec<u32>,
+}
+
+impl Words {
+    fn intern(&mut self, word: &str) -> u32 {
+        if let Some(&id) = self.ids.get(word) {
+            return id;
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.names[id as usize] = word.into();
+                id
+            }
+            None => {
+                self.names.push(word.into());
+                self.df.push(0);
+                u32::try_from(self.names.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.ids.insert(word.into(), id);
+        id
+    }
+
+    /// One fewer live span uses word `id`; forgotten when none does.
+    fn release(&mut self, id: u32) {
+        let at = id as usize;
+        // A word no span uses was forgotten already: its id is free.
+        let Some(df) = self.df.get_mut(at).filter(|df| **df > 0) else {
+            return;
+        };
+        *df -= 1;
+        if *df == 0 {
+            let name = std::mem::take(&mut self.names[at]);
+            self.ids.remove(&name);
+            self.free.push(id);
+        }
+    }
+}
+
+/// What is derived once from each of a session's live spans, in prompt
+/// order, with the totals relevance needs. See the module documentation.
+#[derive(Clone, Default)]
+pub struct LiveFacts {
+    spans: Vec<SpanFacts>,
+    words: Words,
+    /// Sum of every live span's length in words.
+    total_words: u64,
+}
+
+impl fmt::Debug for LiveFacts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveFacts")
+            .field("spans", &self.spans.len())
+            .field("words", &self.words.ids.len())
+            .field("total_words", &self.total_words)
+            .finish()
+    }
+}
+
+impl LiveFacts {
+    /// The facts of `spans`, derived from their text.
+    pub fn of(spans: &[Span]) -> LiveFacts {
+        let mut facts = LiveFacts::default();
+        facts.spans.reserve(spans.len());
+        for s in spans {
+            let f = facts.derive(s);
+            facts.spans.push(f);
+        }
+        facts
+    }
+
+    /// How many spans these are the facts of.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether these are the facts of no span.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The bytes these facts hold on the heap, about: what a session's
+    /// memory bound should count next to its spans. Linear in the spans.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let spans = self.spans.capacity() * size_of::<SpanFacts>()
+            + self
+                .spans
+                .iter()
+                .map(|f| f.data.len() * size_of::<(u32, u32)>())
+                .sum::<usize>();
+        let names: usize = self.words.names.iter().map(|n| n.len()).sum();
+        // Each word is held twice (map key and by id), with its entry,
+        // id and document frequency.
+        let words = 2 * names
+            + self.words.ids.capacity() * (size_of::<(Box<str>, u32)>() + 1)
+            + self.words.names.capacity() * size_of::<Box<str>>()
+            + self.words.df.capacity() * size_of::<u32>()
+            + self.words.free.capacity() * size_of::<u32>();
+        spans + words
+    }
+
+    /// Whether these are the facts of `spans`: the same spans, by id and
+    /// text length, in the same order. Costs one comparison per span.
+    pub fn describes(&self, spans: &[Span]) -> bool {
+        self.spans.len() == spans.len()
+            && self
+                .spans
+                .iter()
+                .zip(spans)
+                .all(|(f, s)| f.id == s.id && f.text_len == s.text.len())
+    }
+
+    /// Derives the facts of `span`, counting its words in the totals.
+    fn derive(&mut self, span: &Span) -> SpanFacts {
+        let mut terms: Vec<(u32, u32)> = Vec::new();
+        let mut at: FastMap<u32, usize> = fasthash::map(0);
+        let words = for_each_counted_word(&span.text, |w| {
+            let id = self.words.intern(w);
+            // Few spans have many distinct words: look them up in a map
+            // only past a handful.
+            let found = if terms.len() <= 16 {
+                terms.iter().position(|&(t, _)| t == id)
+            } else {
+                at.get(&id).copied()
+            };
+            match found {
+                Some(k) => terms[k].1 = terms[k].1.saturating_add(1),
+                None => {
+                    if terms.len() == 16 {
+                        at.extend(terms.iter().enumerate().map(|(k, &(t, _))| (t, k)));
+                    }
+                    if terms.len() >= 16 {
+                        at.insert(id, terms.len());
+                    }
+                    terms.push((id, 1));
+                }
+            }
+        });
+        for &(id, _) in &terms {
+            if let Some(df) = self.words.df.get_mut(id as usize) {
+                *df = df.saturating_add(1);
+            }
+        }
+        self.total_words += u64::from(words);
+        let count = u32::try_from(terms.len()).unwrap_or(u32::MAX);
+        let addressable = u32::try_from(span.text.len()).is_ok();
+        if span.summary.is_none() && addressable {
+            terms.extend(
+                anchor_ranges(&span.text)
+                    .into_iter()
+                    .filter_map(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+            );
+        }
+        SpanFacts {
+            id: span.id,
+            text_len: span.text.len(),
+            words,
+            terms: count,
+            data: terms.into_boxed_slice(),
+            anchors_in_text: span.summary.is_none() && !addressable,
+        }
+    }
+
+    /// Takes a span's facts out of the totals.
+    fn forget(words: &mut Words, total_words: &mut u64, f: &SpanFacts) {
+        *total_words = total_words.saturating_sub(u64::from(f.words));
+        for &(id, _) in f.terms() {
+            words.release(id);
+        }
+    }
+
+    /// Span `span` joins the live context at index `at`.
+    pub(crate) fn insert(&mut self, at: usize, span: &Span) {
+        let f = self.derive(span);
+        self.spans.insert(at.min(self.spans.len()), f);
+    }
+
+    /// Span `span` joins the live context at its end.
+    pub(crate) fn push(&mut self, span: &Span) {
+        let f = self.derive(span);
+        self.spans.push(f);
+    }
+
+    /// The span at index `at` now stands as `span`.
+    pub(crate) fn replace(&mut self, at: usize, span: &Span) {
+        let f = self.derive(span);
+        if let Some(old) = self.spans.get_mut(at) {
+            let old = std::mem::replace(old, f);
+            LiveFacts::forget(&mut self.words, &mut self.total_words, &old);
+        }
+    }
+
+    /// Keeps the facts of the spans for which `keep` (by index) is true.
+    pub(crate) fn retain(&mut self, keep: &[bool]) {
+        for (f, &kept) in self.spans.iter().zip(keep) {
+            if !kept {
+                LiveFacts::forget(&mut self.words, &mut self.total_words, f);
+            }
+        }
+        let mut k = 0;
+        self.spans.retain(|_| {
+            let kept = keep.get(k).copied().unwrap_or(true);
+            k += 1;
+            kept
+        });
+    }
+
+    /// Calls `f` with each anchor span `live[at]` obliges a summary to
+    /// carry, as [`required_anchors`] gives them: a summary's recorded
+    /// anchors, or the anchors of an original span's text, read from the
+    /// facts.
+    pub(crate) fn for_each_anchor(&self, live: &[Span], at: usize, mut f: impl FnMut(&str)) {
+        let Some(span) = live.get(at) else {
+            return;
+        };
+        match (&span.summary, self.spans.get(at)) {
+            (Some(info), _) => info.anchors.iter().for_each(|a| f(a)),
+            (None, Some(facts)) if facts.id == span.id && !facts.anchors_in_text => {
+                for &(start, end) in facts.anchors() {
+                    if let Some(a) = span.text.get(start as usize..end as usize) {
+                        f(a);
+                    }
+                }
+            }
+            (None, _) => required_anchors(span).iter().for_each(|a| f(a)),
+        }
+    }
+
+    /// The anchors the spans `live[at]`, for each `at` in turn, owe a
+    /// summary: read from `facts` when they describe `live`, else
+    /// extracted from the text.
+    pub(crate) fn owed_anchors(
+        facts: Option<&LiveFacts>,
+        live: &[Span],
+        at: impl ExactSizeIterator<Item = usize>,
+    ) -> OwedAnchors {
+        let mut owed = OwedAnchors::with_capacity(at.len());
+        for i in at {
+            match facts {
+                Some(f) => f.for_each_anchor(live, i, |a| owed.add(a)),
+                None => {
+                    if let Some(span) = live.get(i) {
+                        for a in required_anchors(span) {
+                            owed.add(&a);
+                        }
+                    }
+                }
+            }
+        }
+        owed
+    }
+
+    /// BM25 of each of the `n` live spans against the query's distinct
+    /// `terms` (lower-cased, in order of first appearance), normalised by
+    /// the best: what [`relevance::score`] computes from the text, from
+    /// the facts alone.
+    pub(crate) fn similarity(&self, n: usize, terms: &[String]) -> Vec<f64> {
+        let mut raw = vec![0.0f64; n];
+        if terms.is_empty() || n == 0 || self.spans.len() != n {
+            return raw;
+        }
+        // Each query term's index, by word id; words no span uses match
+        // nothing.
+        const NONE: u32 = u32::MAX;
+        let mut query = vec![NONE; self.words.names.len()];
+        let count = n as f64;
+        let mut idf = Vec::with_capacity(terms.len());
+        for t in terms {
+            if let Some(&id) = self.words.ids.get(t.as_str()) {
+                let df = self.words.df.get(id as usize).copied().unwrap_or(0);
+                query[id as usize] = u32::try_from(idf.len()).unwrap_or(NONE);
+                idf.push(relevance::idf(count, df));
+            }
+        }
+        if idf.is_empty() {
+            return raw;
+        }
+        let avg = (self.total_words as f64 / count).max(1.0);
+        for (score, f) in raw.iter_mut().zip(&self.spans) {
+            let mut norm = None;
+            for &(id, tf) in f.terms() {
+                let q = query.get(id as usize).copied().unwrap_or(NONE);
+                if q == NONE {
+                    continue;
+                }
+                let norm = *norm.get_or_insert_with(|| relevance::length_norm(f.words, avg));
+                *score += relevance::term_weight(idf[q as usize], tf, norm);
+            }
+        }
+        relevance::normalise(&mut raw);
+        raw
+    }
+
+    /// The facts in a form that does not depend on the order words were
+    /// interned in: per span its id, text length, length, words with
+    /// counts and anchor ranges; each interned word's document frequency
+    /// (a forgotten word is not listed, one still interned that no span
+    /// uses is listed with 0), and the total length. Facts kept up to date
+    /// compare equal this way to facts derived afresh from the same spans.
+    #[cfg(test)]
+    pub(crate) fn canonical(&self) -> Canonical {
+        let name = |id: u32| self.words.names[id as usize].to_string();
+        let spans = self
+            .spans
+            .iter()
+            .map(|f| {
+                (
+                    f.id,
+                    f.text_len,
+                    f.words,
+                    f.terms().iter().map(|&(t, c)| (name(t), c)).collect(),
+                    f.anchors()
+                        .iter()
+                        .map(|&(a, b)| (a as usize, b as usize))
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut df: Vec<(String, u32)> = self
+            .words
+            .ids
+            .iter()
+            .map(|(w, &id)| (w.to_string(), self.words.df[id as usize]))
+            .collect();
+        df.sort();
+        Canonical {
+            spans,
+            df,
+            total_words: self.total_words,
+        }
+    }
+}
+
+/// [`LiveFacts::canonical`].
+#[cfg(test)]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Canonical {
+    pub(crate) spans: Vec<CanonicalSpan>,
+    pub(crate) df: Vec<(String, u32)>,
+    pub(crate) total_words: u64,
+}
+
+/// One span of [`Canonical`]: id, text length, length in words, words
+/// with counts, anchor ranges.
+#[cfg(test)]
+pub(crate) type CanonicalSpan = (SpanId, usize, u32, Vec<(String, u32)>, Vec<(usize, usize)>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SessionConfig;
+    use crate::planner::{PlanInput, apply, plan, plan_with};
+    use crate::relevance::{RelevanceWeights, score, score_with};
+    use crate::session::{Change, Incoming, Session};
+    use crate::span::{ClassSource, Classification, Role, SpanClass};
+    use crate::tokens::{ByteLength, TokenCounter};
+    use crate::verify::{verify, verify_with};
+
+    /// A small xorshift generator: every run makes the same session.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    const WORDS: &[&str] = &[
+        "deploy",
+        "Deploy",
+        "STAGING",
+        "staging",
+        "the",
+        "a",
+        "x",
+        "src/main.rs",
+        "error[E0308]: mismatched types",
+        "`cargo test`",
+        "30s",
+        "512 MiB",
+        "v1.2.3",
+        "straße",
+        "STRASSE",
+        "ÄÖÜ",
+        "\u{212a}elvin",
+        "kelvin",
+        "naïve",
+        "12",
+        "7",
+        "retry_policy",
+        "FAILED: connection refused",
+        "eu-west-1",
+        "and",
+        "🦀",
+    ];
+
+    fn text(rng: &mut Rng) -> String {
+        let n = 1 + rng.below(24);
+        let mut out = String::new();
+        for k in 0..n {
+            if k > 0 {
+                out.push_str(if rng.below(6) == 0 { "\n" } else { " " });
+            }
+            out.push_str(WORDS[rng.below(WORDS.len())]);
+        }
+        out
+    }
+
+    fn incoming(rng: &mut Rng) -> Incoming {
+        let text = text(rng);
+        let constraint = rng.below(8) == 0;
+        let (role, class) = match rng.below(4) {
+            0 if constraint => (Role::User, SpanClass::Constraint),
+            0 => (Role::User, SpanClass::Narrative),
+            1 => (Role::Assistant, SpanClass::Narrative),
+            _ => (Role::Tool, SpanClass::Narrative),
+        };
+        Incoming {
+            role,
+            tokens: ByteLength.count(&text),
+            classification: Classification {
+                class,
+                source: ClassSource::Caller,
+                rule: String::new(),
+            },
+            text,
+            predicate: None,
+            relevance_hint: (rng.below(5) == 0).then(|| rng.below(100) as f64 / 100.0),
+            unclassified: false,
+        }
+    }
+
+    /// A change that does what the store would adopt, whatever its
+    /// counters: evicts `evict`, rewrites `replace`.
+    fn edit(session: &Session, evict: Vec<SpanId>, replace: Vec<Span>) -> Change {
+        Change {
+            expected_revision: session.record.revision,
+            record: session.record.clone(),
+            append: Vec::new(),
+            evict,
+            summary: None,
+            replace,
+            marker: None,
+        }
+    }
+
+    /// The record's totals made to follow the live context again after an
+    /// [`edit`].
+    fn retotal(session: &mut Session) {
+        let r = &mut session.record;
+        r.live_spans = session.spans.len() as u64;
+        r.live_tokens = session.spans.iter().map(|s| u64::from(s.tokens)).sum();
+        let pinned = session.spans.iter().filter(|s| s.is_pinned());
+        r.pinned_spans = pinned.clone().count() as u64;
+        r.pinned_tokens = pinned.map(|s| u64::from(s.tokens)).sum();
+    }
+
+    fn check(session: &Session, rng: &mut Rng, step: usize) {
+        let kept = session.facts().expect("the facts describe the spans");
+        let fresh = LiveFacts::of(&session.spans);
+        let canonical = kept.canonical();
+        assert_eq!(canonical, fresh.canonical(), "step {step}");
+        assert!(
+            canonical.df.iter().all(|&(_, df)| df > 0),
+            "step {step}: a word no live span uses is still interned"
+        );
+        // Relevance from the facts is relevance from the text, bit for bit.
+        let query = text(rng);
+        let weights = RelevanceWeights::default();
+        let turn = session.record.turns + 1;
+        let from_text = score(&session.spans, &query, turn, &weights);
+        let from_facts = score_with(&session.spans, kept, &query, turn, &weights);
+        assert_eq!(
+            from_text.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+            from_facts.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+            "step {step}, query {query:?}"
+        );
+        assert_eq!(session.relevance(), {
+            let latest = Session::new(session.record.clone(), session.spans.clone());
+            latest.relevance()
+        });
+        // A plan made with the facts is the plan made from the text, and
+        // so is its verdict.
+        let mut config = session.record.config.clone();
+        config.window_tokens = config
+            .window_tokens
+            .min(u32::try_from(session.record.live_tokens / 2 + 64).unwrap_or(u32::MAX));
+        let input = PlanInput {
+            config: &config,
+            live: &session.spans,
+            incoming_tokens: 40,
+            query: &query,
+            turn,
+            next_span_id: session.record.next_span_id,
+            now_ms: 99,
+            target_tokens: None,
+        };
+        let with = plan_with(&input, Some(kept), &ByteLength);
+        let without = plan(&input, &ByteLength);
+        assert_eq!(with, without, "step {step}");
+        let post = apply(&session.spans, &with);
+        assert_eq!(
+            verify_with(
+                &session.spans,
+                Some(kept),
+                &with,
+                &post,
+                40,
+                &config,
+                &ByteLength
+            ),
+            verify(&session.spans, &with, &post, 40, &config, &ByteLength),
+            "step {step}"
+        );
+        // The anchors each span owes, read or extracted.
+        let all = 0..session.spans.len();
+        let read = LiveFacts::owed_anchors(Some(kept), &session.spans, all.clone());
+        let extracted = LiveFacts::owed_anchors(None, &session.spans, all);
+        assert_eq!(read.list, extracted.list, "step {step}");
+        for (i, span) in session.spans.iter().enumerate() {
+            let mut one = Vec::new();
+            kept.for_each_anchor(&session.spans, i, |a| one.push(a.to_owned()));
+            assert_eq!(one, required_anchors(span), "step {step}, span {}", span.id);
+        }
+    }
+
+    /// After random admissions (compacting as the budget requires),
+    /// evictions and rewrites, the facts a session keeps up to date are the
+    /// facts derived afresh from its spans, and relevance and anchors read
+    /// from them are those computed from the text.
+    #[test]
+    fn kept_facts_equal_facts_derived_afresh() {
+        let mut rng = Rng(0x5eed_cafe_f00d_0001);
+        let config = SessionConfig::with_window(2_500);
+        let mut session = Session::create("facts", config, 1);
+        let mut compactions = 0;
+        for step in 0..400 {
+            let now = 10 + step as u64;
+            match rng.below(10) {
+                // Evict a few spans outright.
+                0 if !session.spans.is_empty() => {
+                    let evict: Vec<SpanId> = (0..1 + rng.below(3))
+                        .map(|_| session.spans[rng.below(session.spans.len())].id)
+                        .collect();
+                    let change = edit(&session, evict, Vec::new());
+                    session.apply(&change);
+                    retotal(&mut session);
+                }
+                // Rewrite a span in place, as a compressed form is.
+                1 if !session.spans.is_empty() => {
+                    let mut span = session.spans[rng.below(session.spans.len())].clone();
+                    span.text = text(&mut rng);
+                    span.tokens = ByteLength.count(&span.text);
+                    let change = edit(&session, Vec::new(), vec![span]);
+                    session.apply(&change);
+                    retotal(&mut session);
+                }
+                _ => {
+                    let turn: Vec<Incoming> =
+                        (0..1 + rng.below(3)).map(|_| incoming(&mut rng)).collect();
+                    if let Ok(change) = session.admit(turn, now, &ByteLength) {
+                        compactions += usize::from(change.summary.is_some());
+                        session.apply(&change);
+                    }
+                }
+            }
+            check(&session, &mut rng, step);
+        }
+        assert!(compactions >= 5, "only {compactions} compactions");
+        assert!(
+            session.spans.iter().any(|s| s.summary.is_some()),
+            "a summary stands among the live spans"
+        );
+    }
+
+    #[test]
+    fn heap_bytes_grow_with_the_spans() {
+        let spans: Vec<Span> = (1..=50)
+            .map(|id| crate::testing::admitted(id, id, Role::Tool, "src/a.rs deploy 30s"))
+            .collect();
+        let few = LiveFacts::of(&spans[..5]).heap_bytes();
+        let all = LiveFacts::of(&spans).heap_bytes();
+        assert!(few > 0 && all > few, "{few} {all}");
+        assert_eq!(LiveFacts::default().heap_bytes(), 0);
+    }
+
+    /// Facts out of step with the spans (changed outside `apply`) are not
+    /// used, and the next change adopted derives them afresh.
+    #[test]
+    fn facts_out_of_step_are_not_used() {
+        let spans: Vec<Span> = (1..=4)
+            .map(|id| crate::testing::admitted(id, id, Role::Tool, "src/a.rs deploy"))
+            .collect();
+        let mut session = Session::new(
+            crate::session::SessionRecord::new("x", SessionConfig::with_window(1_000), 0),
+            spans,
+        );
+        assert!(session.facts().is_some());
+        session.spans.pop();
+        assert!(session.facts().is_none());
+        let change = edit(&session, vec![1], Vec::new());
+        session.apply(&change);
+        let facts = session.facts().expect("derived afresh");
+        assert_eq!(facts.canonical(), LiveFacts::of(&session.spans).canonical());
+    }
+}
