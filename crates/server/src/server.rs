@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 
 use crate::BuildInfo;
 use crate::broker::Broker;
-use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, Settings};
+use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, MemoryShares, Settings};
 use crate::hub::Hub;
 use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
@@ -220,6 +220,9 @@ pub async fn run(
     let publish = hub.clone();
     let counted = metrics.clone();
     let flushes = metrics.clone();
+    // The store's caches take their shares of the memory budget; the
+    // sessions' share is `session_cache_bytes`, which the broker bounds.
+    let shares = MemoryShares::of(settings.limits.memory_budget_bytes);
     let options = StoreOptions {
         durability: match settings.durability {
             Durability::Flush => ctxbroker_store::Durability::Flush,
@@ -231,9 +234,12 @@ pub async fn run(
             publish.publish(markers);
         })),
         on_flush: Some(Arc::new(move |took| flushes.flushed(took))),
+        cache_capacity_bytes: shares.page_cache,
+        search_cache_bytes: usize::try_from(shares.search).unwrap_or(usize::MAX),
         ..StoreOptions::default()
     };
     let data_dir = settings.data_dir.clone();
+    let opening = std::time::Instant::now();
     let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, options))
         .await
         .map_err(|err| ServerError::Store(ctxbroker_store::StoreError::Io(err.to_string())))??;
@@ -244,6 +250,7 @@ pub async fn run(
         next_marker_seq = bounds.next,
         oldest_marker_seq = bounds.oldest,
         durability = ?settings.durability,
+        open_ms = opening.elapsed().as_millis() as u64,
         "store open"
     );
 
