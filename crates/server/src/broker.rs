@@ -138,6 +138,12 @@ impl Broker {
         self.sessions.resident()
     }
 
+    /// The estimated bytes of the sessions held in memory as of the end of
+    /// their last turns.
+    pub fn resident_bytes(&self) -> u64 {
+        self.sessions.resident_bytes()
+    }
+
     /// Writes a change, with the idempotency keys of the spans it admits,
     /// and, once the store acknowledges it, applies it to the session in
     /// memory. Cancel-safe: if this future is dropped while the writer

@@ -29,9 +29,11 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use crate::blocking;
 use crate::error::ApiError;
 
-/// The default of `session_cache_bytes`: 64 MiB of idle sessions, about a
-/// hundred sessions of a thousand 400-byte spans.
-pub const DEFAULT_SESSION_CACHE_BYTES: u64 = 64 << 20;
+/// The default of `session_cache_bytes`, a quarter of the default
+/// `memory_budget_bytes`: 64 MiB of idle sessions, about a hundred
+/// sessions of a thousand 400-byte spans.
+pub const DEFAULT_SESSION_CACHE_BYTES: u64 =
+    crate::config::MemoryShares::of(crate::config::DEFAULT_MEMORY_BUDGET_BYTES).sessions;
 
 /// A session as the server holds it between requests, mirroring what the
 /// store acknowledged.
@@ -521,6 +523,12 @@ impl Sessions {
             return Err(ApiError::SessionNotFound(id.to_owned()));
         }
         Ok(self.turn(id, &slot, guard))
+    }
+
+    /// The estimated bytes of the sessions held in memory, as of the end
+    /// of their last turns: at most the budget once no turn is held.
+    pub fn resident_bytes(&self) -> u64 {
+        lock(&self.registry).bytes
     }
 
     /// How many sessions are held in memory.

@@ -30,6 +30,7 @@ const ENV: &[(&str, &str)] = &[
     ("CTXBROKER_MAX_SESSIONS", "2008"),
     ("CTXBROKER_MAX_WINDOW_TOKENS", "2009"),
     ("CTXBROKER_MAX_CONCURRENT_STREAMS", "2010"),
+    ("CTXBROKER_MEMORY_BUDGET_BYTES", "2108686336"),
     ("CTXBROKER_LOG_FORMAT", "text"),
     ("CTXBROKER_LOG", "env=debug"),
     ("CTXBROKER_METRICS_ADDR", "127.0.0.2:9002"),
@@ -52,6 +53,7 @@ max_span_bytes = 1007
 max_sessions = 1008
 max_window_tokens = 1009
 max_concurrent_streams = 1010
+memory_budget_bytes = 1060110336
 log_format = "json"
 log = "file=debug"
 metrics_addr = "127.0.0.1:9001"
@@ -114,6 +116,8 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
             max_watch_sessions: defaults.max_watch_sessions,
             marker_retention: base + 3,
             session_cache_bytes: base + 4,
+            // (base + 11) MiB: the budget has a floor of 64 MiB.
+            memory_budget_bytes: (base + 11) << 20,
         },
     }
 }
@@ -171,6 +175,7 @@ fn every_key_variable_and_flag_resolves_with_flag_over_env_over_file_over_defaul
             max_watch_sessions: 1_000,
             marker_retention: 1_000_000,
             session_cache_bytes: 64 << 20,
+            memory_budget_bytes: 256 << 20,
         }
     );
 
@@ -239,6 +244,8 @@ fn every_key_variable_and_flag_resolves_with_flag_over_env_over_file_over_defaul
         "3009",
         "--max-concurrent-streams",
         "3010",
+        "--memory-budget-bytes",
+        "3157262336",
         "--log-format",
         "json",
         "--log",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ctxbroker_core::config::SessionConfig;
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::broker::{Broker, TurnSpan};
-use ctxbroker_server::config::Limits;
+use ctxbroker_server::config::{Limits, MIN_MEMORY_BUDGET_BYTES, MemoryShares};
 use ctxbroker_server::convert;
 use ctxbroker_store::{Store, StoreOptions};
 
@@ -165,6 +165,58 @@ async fn the_budget_keeps_recent_sessions_and_lets_old_ones_go() {
         roomy.admit(&id, turn(n, 0)).await.unwrap();
     }
     assert_eq!(roomy.resident_sessions(), 20);
+}
+
+#[tokio::test]
+async fn sessions_read_back_stay_within_the_memory_budgets_share() {
+    let dir = tempfile::tempdir().unwrap();
+    // The smallest budget the settings allow; its sessions' share is 16 MiB.
+    let budget = MIN_MEMORY_BUDGET_BYTES;
+    let share = MemoryShares::of(budget).sessions;
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let broker = Broker::new(
+        store,
+        Limits {
+            memory_budget_bytes: budget,
+            session_cache_bytes: share,
+            ..Limits::default()
+        },
+    );
+    // About 1.3 MiB of text each: forty sessions hold three times the share.
+    let text = "x".repeat(4_000);
+    let ids: Vec<String> = (0..40).map(|n| format!("budget-{n}")).collect();
+    for id in &ids {
+        broker
+            .create_session(id, SessionConfig::with_window(10_000_000))
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let spans = (0..170)
+                .map(|k| pb::SpanInput {
+                    role: pb::Role::Tool as i32,
+                    text: format!("{id} {k} {text}"),
+                    ..Default::default()
+                })
+                .collect();
+            broker
+                .admit(id, convert::turn_from_pb(spans))
+                .await
+                .unwrap();
+        }
+        assert!(broker.resident_bytes() <= share, "{id}: over the share");
+    }
+    // Read every one back, twice, in order: each read loads it again.
+    let mut peak = 0;
+    for id in ids.iter().chain(&ids) {
+        let (_, spans) = broker.context(id).await.unwrap();
+        assert_eq!(spans.len(), 340);
+        peak = peak.max(broker.resident_bytes());
+    }
+    assert!(peak <= share, "{peak} bytes resident, share {share}");
+    // The share is used, not left empty: several sessions stay.
+    assert!(peak > share / 2, "{peak} bytes resident, share {share}");
+    let resident = broker.resident_sessions();
+    assert!((2..40).contains(&resident), "{resident} of 40 resident");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -70,9 +70,15 @@ pub struct Cli {
     #[arg(long, env = "CTXBROKER_MARKER_RETENTION", value_name = "N")]
     #[arg(help_heading = "Storage")]
     pub marker_retention: Option<u64>,
+    /// The memory the daemon is sized for: idle sessions get a quarter of
+    /// it, the engine's page cache and search postings a sixteenth each;
+    /// at least 67108864 [default: 268435456].
+    #[arg(long, env = "CTXBROKER_MEMORY_BUDGET_BYTES", value_name = "BYTES")]
+    #[arg(help_heading = "Storage")]
+    pub memory_budget_bytes: Option<u64>,
     /// Bytes of idle sessions kept in memory; the least recently used
-    /// beyond it are reloaded from the store when next used
-    /// [default: 67108864].
+    /// beyond it are reloaded from the store when next used; at most
+    /// --memory-budget-bytes [default: a quarter of it].
     #[arg(long, env = "CTXBROKER_SESSION_CACHE_BYTES", value_name = "BYTES")]
     #[arg(help_heading = "Storage")]
     pub session_cache_bytes: Option<u64>,

@@ -8,10 +8,13 @@ use figment::Figment;
 use figment::providers::Serialized;
 use figment::value::{Dict, Value};
 
-use super::{Cli, Settings};
+use super::{Cli, MemoryShares, Settings};
 
 /// The old name of the `log` key, still read.
 const OLD_LOG_KEY: &str = "log_filter";
+
+/// The setting that, unless set, is derived from `memory_budget_bytes`.
+const SESSION_CACHE_KEY: &str = "session_cache_bytes";
 
 /// Why the settings could not be resolved.
 #[derive(Debug, thiserror::Error)]
@@ -81,13 +84,21 @@ impl Cli {
     /// Resolves flags, environment and the optional file into settings.
     pub fn resolve(self) -> Result<Settings, ConfigError> {
         let mut layers = Figment::from(Serialized::defaults(Settings::default()));
+        let given = self.given();
+        let mut cache_set = given.contains_key(SESSION_CACHE_KEY);
         if let Some(path) = &self.config {
-            layers = layers.merge(Serialized::defaults(read_file(path)?));
+            let file = read_file(path)?;
+            cache_set |= file.contains_key(SESSION_CACHE_KEY);
+            layers = layers.merge(Serialized::defaults(file));
         }
-        let settings: Settings = layers
-            .merge(Serialized::defaults(self.given()))
+        let mut settings: Settings = layers
+            .merge(Serialized::defaults(given))
             .extract()
             .map_err(|err| ConfigError::Layers(Box::new(err)))?;
+        if !cache_set {
+            let budget = settings.limits.memory_budget_bytes;
+            settings.limits.session_cache_bytes = MemoryShares::of(budget).sessions;
+        }
         settings.check()?;
         Ok(settings)
     }

@@ -130,7 +130,51 @@ pub struct Limits {
     /// Bytes of idle sessions kept in memory between requests (an
     /// estimate of their spans' heap); beyond it the least recently used
     /// are dropped from memory and reloaded from the store when next used.
+    /// Unless set, a quarter of `memory_budget_bytes` (see
+    /// [`MemoryShares`]); never more than it.
     pub session_cache_bytes: u64,
+    /// The memory the daemon is sized for, in bytes: the caches it can
+    /// bound (idle sessions, the engine's page cache, search postings)
+    /// take their shares of it, and the rest is left for what grows with
+    /// the data and the load (see [`MemoryShares`]).
+    pub memory_budget_bytes: u64,
+}
+
+/// The smallest `memory_budget_bytes`: below it, what the daemon needs
+/// whatever its settings (the runtime, the tokenizer's tables) leaves
+/// its caches nothing.
+pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 20;
+
+/// The default of `memory_budget_bytes`: the target for a daemon
+/// holding 10,000 sessions of 1,000 spans.
+pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 256 << 20;
+
+/// How `memory_budget_bytes` is shared among the caches the daemon can
+/// bound. Half of the budget is left for what no setting bounds: the
+/// tokenizer's tables, the engine's page table (which grows with the pages
+/// stored), sessions being served, buffers in flight and the allocator's
+/// slack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryShares {
+    /// Idle sessions kept in memory: a quarter.
+    pub sessions: u64,
+    /// The engine's page cache: a sixteenth. The engine takes up to about
+    /// twice its setting (see `StoreOptions::cache_capacity_bytes`), so an
+    /// eighth in all.
+    pub page_cache: u64,
+    /// The search postings of recently searched sessions: a sixteenth.
+    pub search: u64,
+}
+
+impl MemoryShares {
+    /// The shares of `budget`.
+    pub const fn of(budget: u64) -> Self {
+        MemoryShares {
+            sessions: budget / 4,
+            page_cache: budget / 16,
+            search: budget / 16,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -145,7 +189,8 @@ impl Default for Limits {
             max_concurrent_streams: 10_000,
             max_watch_sessions: 1_000,
             marker_retention: 1_000_000,
-            session_cache_bytes: crate::sessions::DEFAULT_SESSION_CACHE_BYTES,
+            session_cache_bytes: MemoryShares::of(DEFAULT_MEMORY_BUDGET_BYTES).sessions,
+            memory_budget_bytes: DEFAULT_MEMORY_BUDGET_BYTES,
         }
     }
 }
@@ -250,6 +295,17 @@ impl Settings {
             if value == 0 {
                 return fail(key, "must be at least 1", &0);
             }
+        }
+        if l.memory_budget_bytes < MIN_MEMORY_BUDGET_BYTES {
+            let limit = format!("must be at least {MIN_MEMORY_BUDGET_BYTES} (64 MiB)");
+            return fail("memory_budget_bytes", &limit, &l.memory_budget_bytes);
+        }
+        if l.session_cache_bytes > l.memory_budget_bytes {
+            let limit = format!(
+                "must be at most memory_budget_bytes ({})",
+                l.memory_budget_bytes
+            );
+            return fail("session_cache_bytes", &limit, &l.session_cache_bytes);
         }
         let top = crate::metrics::MAX_TOP_SESSIONS;
         if self.metrics_top_sessions > top {

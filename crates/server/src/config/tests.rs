@@ -82,6 +82,90 @@ fn nonsense_limits_are_refused_by_name_and_limit() {
     );
 }
 
+#[test]
+fn a_memory_budget_out_of_range_is_refused_by_name_and_limit() {
+    for (args, expected) in [
+        (
+            &["--memory-budget-bytes", "1000"][..],
+            "invalid setting memory_budget_bytes: must be at least 67108864 (64 MiB); got 1000",
+        ),
+        (
+            &["--memory-budget-bytes", "0"],
+            "invalid setting memory_budget_bytes: must be at least 67108864 (64 MiB); got 0",
+        ),
+        (
+            &[
+                "--memory-budget-bytes",
+                "100000000",
+                "--session-cache-bytes",
+                "100000001",
+            ],
+            "invalid setting session_cache_bytes: must be at most memory_budget_bytes (100000000); got 100000001",
+        ),
+    ] {
+        let err = cli(args).resolve().unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+    let (_dir, path) = file("memory_budget_bytes = 268435456\nsession_cache_bytes = 268435457\n");
+    let err = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap_err();
+    assert!(err.to_string().contains("session_cache_bytes"), "{err}");
+}
+
+#[test]
+fn the_session_cache_is_a_quarter_of_the_memory_budget_unless_set() {
+    let defaults = cli(&[]).resolve().unwrap().limits;
+    assert_eq!(defaults.memory_budget_bytes, 256 << 20);
+    assert_eq!(defaults.session_cache_bytes, 64 << 20);
+    assert_eq!(defaults, Limits::default());
+
+    let derived = cli(&["--memory-budget-bytes", "134217728"])
+        .resolve()
+        .unwrap()
+        .limits;
+    assert_eq!(derived.session_cache_bytes, 32 << 20);
+    let (_dir, path) = file("memory_budget_bytes = 1073741824\n");
+    let derived = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap()
+        .limits;
+    assert_eq!(derived.session_cache_bytes, 256 << 20);
+
+    // Set in any layer, the session cache is as set, even 0.
+    let set = cli(&[
+        "--memory-budget-bytes",
+        "134217728",
+        "--session-cache-bytes",
+        "0",
+    ])
+    .resolve()
+    .unwrap()
+    .limits;
+    assert_eq!(set.session_cache_bytes, 0);
+    let (_dir, path) = file("session_cache_bytes = 1000\n");
+    let set = cli(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--memory-budget-bytes",
+        "134217728",
+    ])
+    .resolve()
+    .unwrap()
+    .limits;
+    assert_eq!(set.session_cache_bytes, 1000);
+
+    let shares = MemoryShares::of(256 << 20);
+    assert_eq!(
+        shares,
+        MemoryShares {
+            sessions: 64 << 20,
+            page_cache: 16 << 20,
+            search: 16 << 20,
+        }
+    );
+}
+
 fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ctxbroker.toml");
@@ -144,6 +228,7 @@ fn sample() -> Settings {
             max_watch_sessions: defaults.max_watch_sessions,
             marker_retention: 4444,
             session_cache_bytes: 5555,
+            memory_budget_bytes: 300 << 20,
         },
     }
 }
