@@ -20,6 +20,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
+use ctxbroker_core::facts::LiveFacts;
 use ctxbroker_core::session::{Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
@@ -212,7 +213,7 @@ impl Registry {
 
 /// An estimate of the heap a session holds: the span structs, their texts
 /// and everything else they own, with a word of allocator overhead per
-/// allocation.
+/// allocation, and what the session derived from them for compaction.
 fn estimate(session: &Session) -> u64 {
     const ALLOCATION: usize = 16;
     let heap = |capacity: usize| {
@@ -241,7 +242,8 @@ fn estimate(session: &Session) -> u64 {
     let record = size_of::<Loaded>() + heap(session.record.id.len()) + 256;
     let spans = heap(session.spans.capacity() * size_of::<Span>())
         + session.spans.iter().map(span_heap).sum::<usize>();
-    (record + spans) as u64
+    let facts = session.facts().map_or(0, LiveFacts::heap_bytes);
+    (record + spans + facts) as u64
 }
 
 /// The session's turn: while it is held, no other request of the same
