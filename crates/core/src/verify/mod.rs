@@ -41,8 +41,7 @@ pub fn verify(
     config: &SessionConfig,
     counter: &dyn TokenCounter,
 ) -> Verdict {
-    let post: Vec<&Span> = post.iter().collect();
-    verify_refs(pre, None, plan, &post, incoming_tokens, config, counter)
+    verify_with(pre, None, plan, post, incoming_tokens, config, counter)
 }
 
 /// [`verify`] reading the anchors the evicted spans owe from `facts`
