@@ -27,6 +27,8 @@ mod listen;
 mod metrics;
 mod ops;
 mod policy;
+#[cfg(unix)]
+mod private;
 mod resident;
 mod retry;
 mod search;

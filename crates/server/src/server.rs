@@ -57,6 +57,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
     #[cfg(feature = "failpoints")]
     let _faults = fail::FailScenario::setup();
     cap_malloc_arenas();
+    private_new_files();
     let mut cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {
@@ -131,6 +132,23 @@ fn cap_malloc_arenas() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn cap_malloc_arenas() {}
+
+/// Every file and directory the daemon creates from here on is its user's
+/// alone (umask `077`): the data directory holds what agents were told and
+/// what their tools printed. The store also creates the directory `0700`
+/// and refuses one others may write to (`ctxbroker_store`'s open).
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn private_new_files() {
+    // SAFETY: umask only sets the process's file creation mask; it takes
+    // no pointer and cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
+#[cfg(not(unix))]
+fn private_new_files() {}
 
 /// `ctxbrokerd check-config FILE`: the settings the daemon would run with,
 /// as TOML on stdout (exit 0), or every problem on stderr (exit 1).

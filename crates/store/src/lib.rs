@@ -45,6 +45,7 @@
 //! payload; a record that fails either is reported as
 //! [`StoreError::Corrupt`] and never served.
 
+mod dir;
 mod error;
 mod keys;
 mod model;

@@ -101,8 +101,7 @@ impl Store {
     /// ([`StoreError::UnsupportedFormat`]) and one whose bookkeeping does
     /// not add up ([`StoreError::Corrupt`]).
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::Io(format!("creating {}: {e}", dir.display())))?;
+        crate::dir::make_private(dir)?;
         let db = open_engine(dir, &options)?;
         let trees = Trees::open(db)?;
         let (next_seq, oldest_seq) = check_format(&trees)?;
