@@ -19,6 +19,7 @@ use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
 use ctxbroker_core::span::{Role, SpanClass};
+use ctxbroker_core::tokens::TokenCounter;
 use ctxbroker_core::{Span, SpanId, tokens};
 use ctxbroker_store::{SpanState, Store, StoredSpan, WriteOp};
 use tokio_util::sync::CancellationToken;
@@ -68,6 +69,34 @@ pub struct TurnSpan {
     pub relevance_hint: Option<f64>,
     /// The caller's idempotency key; empty when none.
     pub idempotency_key: String,
+}
+
+impl TurnSpan {
+    /// Its tokens: the caller's count under the CLIENT tokenizer, else
+    /// `counter`'s.
+    pub fn tokens(&self, tokenizer: TokenizerKind, counter: &dyn TokenCounter) -> u32 {
+        match (tokenizer, self.token_count) {
+            (TokenizerKind::Client, Some(n)) => n,
+            _ => counter.count(&self.text),
+        }
+    }
+
+    /// The span counted (`tokens`) and labelled as the broker labels it
+    /// ([`admission::label`]), ready for the session, which settles an
+    /// unlabelled one under its classifier mode.
+    pub fn labelled(self, tokens: u32) -> Incoming {
+        let (classification, predicate) =
+            admission::label(self.role, &self.text, self.class, self.predicate.as_ref());
+        Incoming {
+            role: self.role,
+            text: self.text,
+            tokens,
+            classification,
+            predicate,
+            relevance_hint: self.relevance_hint,
+            unclassified: self.class.is_none(),
+        }
+    }
 }
 
 /// The result of an admission, for the wire.
@@ -700,25 +729,8 @@ fn prepare_now(inputs: Vec<TurnSpan>, tokenizer: TokenizerKind) -> Vec<Incoming>
     inputs
         .into_iter()
         .map(|input| {
-            let tokens = match (tokenizer, input.token_count) {
-                (TokenizerKind::Client, Some(n)) => n,
-                _ => counter.count(&input.text),
-            };
-            let (classification, predicate) = admission::label(
-                input.role,
-                &input.text,
-                input.class,
-                input.predicate.as_ref(),
-            );
-            Incoming {
-                role: input.role,
-                text: input.text,
-                tokens,
-                classification,
-                predicate,
-                relevance_hint: input.relevance_hint,
-                unclassified: input.class.is_none(),
-            }
+            let tokens = input.tokens(tokenizer, counter);
+            input.labelled(tokens)
         })
         .collect()
 }

@@ -16,9 +16,9 @@
 //!   and converted (`convert::turn_from_pb`), its token counts checked
 //!   (`validate::token_counts`);
 //! - **count**: the text counted with the session's tokenizer;
-//! - **classify**: the span labelled (`admission::label`) and settled
-//!   under the session's classifier mode, as `Incoming::settle` does
-//!   (`classify::classify_with` under MODEL, the default); the settled
+//! - **classify**: the span labelled as the broker labels it
+//!   (`TurnSpan::labelled`) and settled under the session's classifier
+//!   mode (`Incoming::settle`: the model under MODEL, the default); the settled
 //!   span is handed on as classified, so the next stage does not classify
 //!   it again (under MODEL this decides the same change, which is checked
 //!   once per size);
@@ -52,12 +52,8 @@
 
 use std::time::{Duration, Instant};
 
-use ctxbroker_core::admission;
-use ctxbroker_core::classify;
 use ctxbroker_core::config::{ClassifierMode, SessionConfig, TokenizerKind, defaults};
-use ctxbroker_core::predicate;
 use ctxbroker_core::session::{Change, Incoming, Session};
-use ctxbroker_core::span::{Role, SpanClass};
 use ctxbroker_core::tokens::{self, TokenCounter, warm_up};
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::broker::{TurnSpan, now_ms};
@@ -367,63 +363,23 @@ fn parse(
 /// Count: each span's tokens, as the broker counts them.
 fn count(turn: &[TurnSpan], tokenizer: TokenizerKind, counter: &dyn TokenCounter) -> Vec<u32> {
     turn.iter()
-        .map(|span| match (tokenizer, span.token_count) {
-            (TokenizerKind::Client, Some(n)) => n,
-            _ => counter.count(&span.text),
-        })
+        .map(|span| span.tokens(tokenizer, counter))
         .collect()
 }
 
 /// Classify: each span labelled as the broker labels it, then settled
 /// under the session's mode as the session settles it, and handed on as
-/// classified.
+/// classified, so that the session does not classify it again inside the
+/// plan stage.
 fn classify_turn(turn: Vec<TurnSpan>, counts: Vec<u32>, config: &SessionConfig) -> Vec<Incoming> {
     turn.into_iter()
         .zip(counts)
         .map(|(input, tokens)| {
-            let (classification, predicate) = admission::label(
-                input.role,
-                &input.text,
-                input.class,
-                input.predicate.as_ref(),
-            );
-            settle(
-                Incoming {
-                    role: input.role,
-                    text: input.text,
-                    tokens,
-                    classification,
-                    predicate,
-                    relevance_hint: input.relevance_hint,
-                    unclassified: input.class.is_none(),
-                },
-                config,
-            )
+            let mut settled = input.labelled(tokens).settle(config);
+            settled.unclassified = false;
+            settled
         })
         .collect()
-}
-
-/// What `Incoming::settle` (private to core) does at the start of
-/// [`Session::admit`], after which the span counts as classified.
-fn settle(mut incoming: Incoming, config: &SessionConfig) -> Incoming {
-    if !incoming.unclassified || !matches!(incoming.role, Role::User | Role::System) {
-        return incoming;
-    }
-    let tuning = &config.classifier_tuning;
-    let decided = match config.classifier {
-        ClassifierMode::Model => classify::classify_with(incoming.role, &incoming.text, tuning),
-        ClassifierMode::Rules | ClassifierMode::CallerOnly => {
-            classify::by_phrase(&incoming.text, tuning)
-                .unwrap_or_else(|| classify::classify(incoming.role, &incoming.text))
-        }
-    };
-    if decided.class != incoming.classification.class {
-        incoming.predicate = (decided.class == SpanClass::Constraint)
-            .then(|| predicate::derive(&incoming.text, None));
-    }
-    incoming.classification = decided;
-    incoming.unclassified = false;
-    incoming
 }
 
 /// Checks, once per size and outside the clock, that a turn settled here
@@ -443,23 +399,7 @@ fn check_settled(session: &Session, limits: &Limits) -> Result<(), Failure> {
         let unsettled: Vec<Incoming> = turn
             .into_iter()
             .zip(counts)
-            .map(|(input, tokens)| {
-                let (classification, predicate) = admission::label(
-                    input.role,
-                    &input.text,
-                    input.class,
-                    input.predicate.as_ref(),
-                );
-                Incoming {
-                    role: input.role,
-                    text: input.text,
-                    tokens,
-                    classification,
-                    predicate,
-                    relevance_hint: input.relevance_hint,
-                    unclassified: true,
-                }
-            })
+            .map(|(input, tokens)| input.labelled(tokens))
             .collect();
         let ours = session.admit(settled, now, counter);
         let theirs = session.admit(unsettled, now, counter);

@@ -39,7 +39,9 @@ impl Incoming {
     /// session's classifier mode and tuning, deriving a predicate when it
     /// becomes a constraint; other spans are unchanged. The one place such
     /// a span is classified: the wire leaves it narrative until here.
-    fn settle(mut self, config: &SessionConfig) -> Incoming {
+    /// [`Session::admit`] settles every span it is given; settling one
+    /// again decides the same.
+    pub fn settle(mut self, config: &SessionConfig) -> Incoming {
         if !self.unclassified || !matches!(self.role, Role::User | Role::System) {
             return self;
         }
