@@ -16,7 +16,7 @@
 //! prose, paths, identifiers and numbers; roles are 50 % tool, 40 %
 //! assistant, 10 % user, classes left to the daemon's classifier.
 //!
-//! Figures, each against the target:
+//! Figures, each against its target in docs/benchmarks.md:
 //!
 //! - the daemon's resident memory (`VmRSS`, the peak `VmHWM`, and the
 //!   anonymous part `RssAnon`, from `/proc/PID/status`) after populating,

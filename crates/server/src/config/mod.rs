@@ -145,8 +145,9 @@ pub struct Limits {
 /// its caches nothing.
 pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 20;
 
-/// The default of `memory_budget_bytes`: the target for a daemon
-/// holding 10,000 sessions of 1,000 spans.
+/// The default of `memory_budget_bytes`: the resident-memory target (see
+/// docs/benchmarks.md) for a daemon holding 10,000 sessions of 1,000
+/// spans.
 pub const DEFAULT_MEMORY_BUDGET_BYTES: u64 = 256 << 20;
 
 /// How `memory_budget_bytes` is shared among the caches the daemon can
