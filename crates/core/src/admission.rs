@@ -82,13 +82,17 @@ pub struct Refusal {
 /// Decides whether the incoming turn fits, needs a compaction, or must be
 /// refused. Relevance is weighted as `input.config.relevance` says.
 pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decision {
-    decide_with(input, None, None, counter, |plan, post, verdict| {
-        Compaction {
+    decide_with(
+        input,
+        None,
+        || None,
+        counter,
+        |plan, post, verdict| Compaction {
             plan,
             post: post.iter().map(|&s| s.clone()).collect(),
             verdict,
-        }
-    })
+        },
+    )
 }
 
 /// [`decide`], handing a verified compaction to `compact` with the
@@ -97,12 +101,12 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
 /// makes none. A caller that keeps the live context's totals gives them as
 /// `live_totals` (tokens, pinned tokens), and a turn that fits then costs
 /// the size of the turn, not of the live context; one that keeps the live
-/// spans' facts gives them as `facts`, and a compaction reads them instead
-/// of the live text.
-pub(crate) fn decide_with<T>(
+/// spans' facts gives a way to them as `facts`, called only when a
+/// compaction is planned, which then reads them instead of the live text.
+pub(crate) fn decide_with<'f, T>(
     input: &AdmissionInput<'_>,
     live_totals: Option<(u64, u64)>,
-    facts: Option<&LiveFacts>,
+    facts: impl FnOnce() -> Option<&'f LiveFacts>,
     counter: &dyn TokenCounter,
     compact: impl FnOnce(Plan, &[&Span], Verdict) -> T,
 ) -> Decision<T> {
@@ -175,7 +179,7 @@ pub(crate) fn decide_with<T>(
         now_ms: input.now_ms,
         target_tokens: None,
     };
-    let facts = facts.filter(|f| f.describes(input.live));
+    let facts = facts().filter(|f| f.describes(input.live));
     let plan = plan_described(&plan_input, facts, counter);
     let made = made_spans(input.live, &plan);
     let post = apply_refs(input.live, &plan, &made);

@@ -647,6 +647,45 @@ mod tests {
         );
     }
 
+    /// A session loaded from its stored state derives no facts while its
+    /// turns fit; the first turn that must be compacted derives them, and
+    /// from then on they are kept up to date as they were derived afresh.
+    #[test]
+    fn a_loaded_session_derives_its_facts_when_a_compaction_needs_them() {
+        let mut rng = Rng(0x5eed_cafe_f00d_0002);
+        let mut built = Session::create("lazy", SessionConfig::with_window(2_500), 1);
+        for step in 0..30 {
+            let turn = vec![incoming(&mut rng)];
+            if let Ok(change) = built.admit(turn, 10 + step, &ByteLength) {
+                built.apply(&change);
+            }
+        }
+        let mut session = Session::new(built.record.clone(), built.spans.clone());
+        assert!(session.derived_facts().is_none(), "derived at load");
+        let mut step = 100;
+        while session.derived_facts().is_none() {
+            step += 1;
+            assert!(step < 1_000, "no turn ever needed a compaction");
+            let turn = vec![incoming(&mut rng)];
+            let change = session.admit(turn, step, &ByteLength).expect("admitted");
+            let compacted = change.summary.is_some() || !change.evict.is_empty();
+            assert_eq!(
+                session.derived_facts().is_some(),
+                compacted,
+                "turn {step}: facts derived for a turn that fits, or not for a compaction"
+            );
+            session.apply(&change);
+        }
+        for _ in 0..20 {
+            step += 1;
+            let change = session
+                .admit(vec![incoming(&mut rng)], step, &ByteLength)
+                .expect("admitted");
+            session.apply(&change);
+            check(&session, &mut rng, step as usize);
+        }
+    }
+
     #[test]
     fn heap_bytes_grow_with_the_spans() {
         let spans: Vec<Span> = (1..=50)

@@ -10,10 +10,25 @@
 //! `session_cache_bytes`): when a request's turn ends and the idle
 //! sessions in memory exceed it, the least recently used ones are dropped
 //! from memory. Only a session nobody holds or waits for is dropped, so a
-//! request never loses its turn to eviction; the session just released
-//! stays (it is the most recently used). A dropped session is reloaded
-//! from the store on its next request, exactly: memory only ever holds
-//! what the store acknowledged (`Session::new(record, live spans)`).
+//! request never loses its turn to eviction. A dropped session is
+//! reloaded from the store on its next request, exactly: memory only ever
+//! holds what the store acknowledged (`Session::new(record, live spans)`).
+//!
+//! # Admission
+//!
+//! Least-recently-used alone fails badly when the sessions in use
+//! together are a little more than the cache holds: clients that take
+//! turns over them evict, at each turn, the very session the next turn
+//! needs, and every request reloads. So a session just loaded must earn
+//! its place: the registry counts each id's turns over a recent window
+//! (older counts are halved as the window passes), and when a session
+//! that was not in memory ends its turn with the cache over its budget,
+//! it stays only if it was used more often than the idle session it
+//! would displace, the least recently used one. Otherwise it leaves
+//! memory itself as its turn ends (unless another request already waits
+//! for it), and the sessions already in memory keep serving. Sessions in
+//! steady use thus stay, and the ones beyond the budget are the ones
+//! that reload.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::{Deref, DerefMut};
@@ -107,6 +122,56 @@ struct Registry {
     tick: u64,
     /// The sum of the entries' `bytes`.
     bytes: u64,
+    /// How often each id's turns ended recently, in memory or not.
+    uses: Uses,
+}
+
+/// Recent turns per id: what a session just loaded is weighed by against
+/// the session it would displace. Every count is halved, and ids whose
+/// count falls to zero forgotten, once the turns counted since the last
+/// halving reach a window proportional to the sessions in memory, so the
+/// map stays about that size and old habits fade.
+#[derive(Debug, Default)]
+struct Uses {
+    counts: HashMap<String, u32>,
+    /// Turns counted since the last halving.
+    since_halving: u64,
+}
+
+impl Uses {
+    /// The fewest turns between two halvings.
+    const MIN_WINDOW: u64 = 1024;
+    /// Turns between two halvings per session in memory.
+    const WINDOW_PER_ENTRY: u64 = 8;
+
+    fn count(&self, id: &str) -> u32 {
+        self.counts.get(id).copied().unwrap_or(0)
+    }
+
+    /// Counts a turn of `id`, with `resident` sessions in memory.
+    fn record(&mut self, id: &str, resident: usize) {
+        match self.counts.get_mut(id) {
+            Some(count) => *count = count.saturating_add(1),
+            None => {
+                self.counts.insert(id.to_owned(), 1);
+            }
+        }
+        self.since_halving += 1;
+        let window = (resident as u64)
+            .saturating_mul(Self::WINDOW_PER_ENTRY)
+            .max(Self::MIN_WINDOW);
+        if self.since_halving >= window {
+            self.since_halving = 0;
+            self.counts.retain(|_, count| {
+                *count /= 2;
+                *count > 0
+            });
+        }
+    }
+
+    fn forget(&mut self, id: &str) {
+        self.counts.remove(id);
+    }
 }
 
 impl Registry {
@@ -161,16 +226,23 @@ impl Registry {
     /// Records the end of a turn on `slot`: its session's size, `bytes`
     /// (estimated by the caller, before taking the registry's lock), and
     /// that it is now the most recently used; then drops idle sessions,
-    /// least recently used first, while over `budget`.
-    fn release(&mut self, id: &str, slot: &Slot, bytes: u64, budget: u64) {
+    /// least recently used first, while over `budget`. True when the
+    /// session was not in memory before this turn and has not earned a
+    /// place over the idle session it would displace (see the module
+    /// documentation): the caller then drops it with
+    /// [`Registry::drop_unadmitted`] once its turn is released.
+    fn release(&mut self, id: &str, slot: &Slot, bytes: u64, budget: u64) -> bool {
         let used = self.next_tick();
+        let resident = self.entries.len();
+        self.uses.record(id, resident);
         let Some(entry) = self.entries.get_mut(id) else {
-            return;
+            return false;
         };
         if !Arc::ptr_eq(&entry.slot, slot) {
             // Deleted (and maybe created again) meanwhile.
-            return;
+            return false;
         }
+        let loaded = entry.bytes == 0 && bytes > 0;
         self.bytes = self.bytes - entry.bytes + bytes;
         entry.bytes = bytes;
         let previous = std::mem::replace(&mut entry.used, used);
@@ -180,7 +252,38 @@ impl Registry {
             .remove(&previous)
             .unwrap_or_else(|| id.to_owned());
         self.order.insert(used, name);
+        if loaded && self.bytes > budget && !self.admits(id) {
+            // Leaves as its turn ends: the others need only make room
+            // for what stays.
+            self.evict(budget.saturating_add(bytes));
+            return true;
+        }
         self.evict(budget);
+        false
+    }
+
+    /// Whether `id`, just loaded, was used more often recently than the
+    /// idle session it would displace. With no idle session to displace
+    /// it stays: nothing would be gained by dropping it.
+    fn admits(&self, id: &str) -> bool {
+        let victim = self.order.values().find(|other| {
+            other.as_str() != id
+                && self
+                    .entries
+                    .get(other.as_str())
+                    .is_some_and(|entry| entry.bytes > 0 && Arc::strong_count(&entry.slot) == 1)
+        });
+        match victim {
+            Some(victim) => self.uses.count(id) > self.uses.count(victim),
+            None => true,
+        }
+    }
+
+    /// Drops `id`'s session, not admitted at the end of its turn, when it
+    /// is still `slot` and nobody but the caller (who holds `slot`) and
+    /// the registry refers to it; a request waiting for it keeps it.
+    fn drop_unadmitted(&mut self, id: &str, slot: &Slot) {
+        self.remove_unused(id, slot);
     }
 
     /// Drops idle sessions, least recently used first, until the resident
@@ -242,7 +345,7 @@ fn estimate(session: &Session) -> u64 {
     let record = size_of::<Loaded>() + heap(session.record.id.len()) + 256;
     let spans = heap(session.spans.capacity() * size_of::<Span>())
         + session.spans.iter().map(span_heap).sum::<usize>();
-    let facts = session.facts().map_or(0, LiveFacts::heap_bytes);
+    let facts = session.derived_facts().map_or(0, LiveFacts::heap_bytes);
     (record + spans + facts) as u64
 }
 
@@ -264,13 +367,17 @@ pub struct CreateGuard {
     release: Release,
 }
 
-/// What a turn's end updates.
+/// What a turn's end updates. Declared after the guard in the guards
+/// that own it, so that it drops after the session's lock is released.
 #[derive(Debug)]
 struct Release {
     registry: Arc<Mutex<Registry>>,
     id: String,
     slot: Slot,
     budget: u64,
+    /// Set when the session was not admitted to the cache as its turn
+    /// ended: it leaves memory once the lock is released.
+    unadmitted: bool,
 }
 
 impl Release {
@@ -279,9 +386,17 @@ impl Release {
     /// only takes slots nobody refers to, never takes this one. The
     /// estimate walks the session's spans, so it is made before the
     /// registry's lock, which every session's turns share, is taken.
-    fn run(&self, held: Option<&mut Loaded>) {
+    fn run(&mut self, held: Option<&mut Loaded>) {
         let bytes = held.map_or(0, Loaded::bytes);
-        lock(&self.registry).release(&self.id, &self.slot, bytes, self.budget);
+        self.unadmitted = lock(&self.registry).release(&self.id, &self.slot, bytes, self.budget);
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if self.unadmitted {
+            lock(&self.registry).drop_unadmitted(&self.id, &self.slot);
+        }
     }
 }
 
@@ -371,6 +486,7 @@ impl Sessions {
             id: id.to_owned(),
             slot: Arc::clone(slot),
             budget: self.budget,
+            unadmitted: false,
         }
     }
 
@@ -478,7 +594,9 @@ impl Sessions {
     pub fn remove(&self, id: &str, guard: &mut SessionGuard) {
         guard.gone = true;
         lock(&self.tokenizers).remove(id);
-        lock(&self.registry).remove(id, Some(&guard.release.slot));
+        let mut registry = lock(&self.registry);
+        registry.remove(id, Some(&guard.release.slot));
+        registry.uses.forget(id);
     }
 
     /// The session's turn if nobody holds it, loading it when it is not
@@ -583,4 +701,133 @@ async fn load_if(
         )))))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One turn of `id` as the guards run it: the slot taken, the turn
+    /// released with the session's size, the lock let go, and the session
+    /// dropped if it was not admitted. True when the session was in memory
+    /// before the turn.
+    fn turn(registry: &mut Registry, id: &str, bytes: u64, budget: u64) -> bool {
+        let slot = registry.slot(id);
+        let hit = registry
+            .entries
+            .get(id)
+            .is_some_and(|entry| entry.bytes > 0);
+        if registry.release(id, &slot, bytes, budget) {
+            registry.drop_unadmitted(id, &slot);
+        }
+        hit
+    }
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("session-{i}")).collect()
+    }
+
+    #[test]
+    fn sessions_taking_turns_a_little_beyond_the_budget_mostly_stay() {
+        // Room for 48 sessions of 100 bytes; 64 take turns in a cycle.
+        // Least-recently-used alone would reload at every turn.
+        let mut registry = Registry::default();
+        let ids = ids(64);
+        let mut hits = 0;
+        for round in 0..20 {
+            for id in &ids {
+                let hit = turn(&mut registry, id, 100, 4_800);
+                if round >= 10 && hit {
+                    hits += 1;
+                }
+                assert!(registry.bytes <= 4_800, "over budget: {}", registry.bytes);
+            }
+        }
+        // The 48 that fit stay: 480 of the last 640 turns find them.
+        assert!(
+            hits >= 440,
+            "only {hits} of 640 turns found their session in memory"
+        );
+    }
+
+    #[test]
+    fn a_session_in_steady_use_displaces_one_no_longer_used() {
+        let mut registry = Registry::default();
+        let old = ids(4);
+        for _ in 0..10 {
+            for id in &old {
+                turn(&mut registry, id, 100, 400);
+            }
+        }
+        // "new" starts taking turns; session-0 and session-1 stop.
+        let mut admitted_after = None;
+        for k in 0..40 {
+            let hit = turn(&mut registry, "new", 100, 400);
+            turn(&mut registry, "session-2", 100, 400);
+            turn(&mut registry, "session-3", 100, 400);
+            if hit && admitted_after.is_none() {
+                admitted_after = Some(k);
+            }
+        }
+        let admitted_after = admitted_after.expect("the new session never stayed in memory");
+        assert!(
+            admitted_after <= 15,
+            "stayed only after {admitted_after} turns"
+        );
+        assert!(registry.entries.get("new").is_some_and(|e| e.bytes > 0));
+        assert!(
+            registry
+                .entries
+                .get("session-2")
+                .is_some_and(|e| e.bytes > 0)
+        );
+        assert!(
+            registry
+                .entries
+                .get("session-3")
+                .is_some_and(|e| e.bytes > 0)
+        );
+    }
+
+    #[test]
+    fn a_session_not_admitted_stays_while_another_request_waits_for_it() {
+        let mut registry = Registry::default();
+        for id in ids(2) {
+            for _ in 0..3 {
+                turn(&mut registry, &id, 100, 200);
+            }
+        }
+        let slot = registry.slot("late");
+        let waiting = registry.slot("late");
+        assert!(
+            registry.release("late", &slot, 100, 200),
+            "a cold session was admitted"
+        );
+        registry.drop_unadmitted("late", &slot);
+        assert!(
+            registry.entries.get("late").is_some_and(|e| e.bytes == 100),
+            "dropped while a request waited for it"
+        );
+        drop(waiting);
+        registry.drop_unadmitted("late", &slot);
+        assert!(!registry.entries.contains_key("late"));
+        assert_eq!(registry.bytes, 200);
+    }
+
+    #[test]
+    fn counts_fade_and_forgotten_ids_leave_the_counts() {
+        let mut uses = Uses::default();
+        for _ in 0..10 {
+            uses.record("busy", 1);
+        }
+        uses.record("once", 1);
+        for _ in 0..Uses::MIN_WINDOW {
+            uses.record("other", 1);
+        }
+        assert_eq!(uses.count("busy"), 5);
+        assert_eq!(uses.count("once"), 0);
+        assert!(!uses.counts.contains_key("once"));
+        uses.forget("busy");
+        assert_eq!(uses.count("busy"), 0);
+    }
 }

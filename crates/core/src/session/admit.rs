@@ -107,7 +107,7 @@ impl Session {
                 now_ms,
             },
             Some((self.record.live_tokens, self.record.pinned_tokens)),
-            Some(&self.facts),
+            || self.facts(),
             counter,
             |plan, post, _verdict| {
                 (!needs_approval).then(|| {

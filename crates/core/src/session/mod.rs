@@ -20,6 +20,8 @@ pub use admit::Incoming;
 pub use change::{Change, Rejection, SessionRecord};
 pub use manual::{CallerEdits, PlanId, PlanOutcome};
 
+use std::sync::OnceLock;
+
 use crate::config::SessionConfig;
 use crate::facts::LiveFacts;
 use crate::fasthash::{self, FastMap, FastSet};
@@ -47,8 +49,10 @@ pub struct Session {
     pub record: SessionRecord,
     /// The live context, in prompt order.
     pub spans: Vec<Span>,
-    /// What each live span's text gives a compaction, derived once.
-    facts: LiveFacts,
+    /// What each live span's text gives a compaction, derived once: when
+    /// the session is first asked for it (a session loaded to admit turns
+    /// that fit never derives it), then kept up to date by `apply`.
+    facts: OnceLock<LiveFacts>,
 }
 
 /// Sessions are equal when their records and spans are: the facts follow
@@ -124,14 +128,15 @@ fn first_indices(
 }
 
 impl Session {
-    /// A session from its stored state. Derives the facts of every span
-    /// (see [`LiveFacts`]): linear in the text of the live context.
+    /// A session from its stored state. The facts of its spans (see
+    /// [`LiveFacts`]), linear in the text of the live context, are derived
+    /// when first needed: a session loaded to admit turns that fit costs
+    /// the reading of its spans alone.
     pub fn new(record: SessionRecord, spans: Vec<Span>) -> Session {
-        let facts = LiveFacts::of(&spans);
         Session {
             record,
             spans,
-            facts,
+            facts: OnceLock::new(),
         }
     }
 
@@ -140,14 +145,22 @@ impl Session {
         Session {
             record: SessionRecord::new(id, config, now_ms),
             spans: Vec::new(),
-            facts: LiveFacts::default(),
+            facts: OnceLock::from(LiveFacts::default()),
         }
     }
 
-    /// What the session derived from its live spans, when it still
-    /// describes them (see [`Session`]).
+    /// What the session derived from its live spans, derived now if it was
+    /// not yet, when it still describes them (see [`Session`]).
     pub fn facts(&self) -> Option<&LiveFacts> {
-        Some(&self.facts).filter(|f| f.describes(&self.spans))
+        Some(self.facts.get_or_init(|| LiveFacts::of(&self.spans)))
+            .filter(|f| f.describes(&self.spans))
+    }
+
+    /// The facts as far as they were derived: `None` when nothing asked
+    /// for them since the session was loaded. What the session holds in
+    /// memory, without deriving anything.
+    pub fn derived_facts(&self) -> Option<&LiveFacts> {
+        self.facts.get()
     }
 
     /// Adopts a change once the store has acknowledged it, the way the
@@ -157,11 +170,13 @@ impl Session {
     /// when nothing is evicted.
     pub fn apply(&mut self, change: &Change) {
         self.record = change.record.clone();
-        // Facts out of step with the spans (which only a change of
-        // `spans` outside this method makes) are derived afresh at the
-        // end; the check costs nothing per span, so that a change that
-        // evicts nothing still costs only what it touches.
-        let in_step = self.facts.len() == self.spans.len();
+        // Facts not derived yet stay so. Facts out of step with the spans
+        // (which only a change of `spans` outside this method makes) are
+        // dropped at the end, to be derived afresh when next needed; the
+        // check costs nothing per span, so that a change that evicts
+        // nothing still costs only what it touches.
+        let spans_before = self.spans.len();
+        let mut facts = self.facts.get_mut().filter(|f| f.len() == spans_before);
         if !change.evict.is_empty() {
             let mut evicted: FastSet<SpanId> = fasthash::set(change.evict.len());
             evicted.extend(change.evict.iter().copied());
@@ -175,8 +190,8 @@ impl Session {
                 k += 1;
                 keep[k - 1]
             });
-            if in_step {
-                self.facts.retain(&keep);
+            if let Some(facts) = facts.as_deref_mut() {
+                facts.retain(&keep);
             }
         }
         if !change.replace.is_empty() {
@@ -188,8 +203,8 @@ impl Session {
             for span in &change.replace {
                 if let Some(&Some(i)) = first.get(&span.id) {
                     self.spans[i] = span.clone();
-                    if in_step {
-                        self.facts.replace(i, span);
+                    if let Some(facts) = facts.as_deref_mut() {
+                        facts.replace(i, span);
                     }
                 }
             }
@@ -199,17 +214,17 @@ impl Session {
                 .spans
                 .partition_point(|s| s.position < summary.position);
             self.spans.insert(at, summary.clone());
-            if in_step {
-                self.facts.insert(at, summary);
+            if let Some(facts) = facts.as_deref_mut() {
+                facts.insert(at, summary);
             }
         }
         self.spans.extend(change.append.iter().cloned());
-        if in_step {
+        if let Some(facts) = facts {
             for span in &change.append {
-                self.facts.push(span);
+                facts.push(span);
             }
-        } else {
-            self.facts = LiveFacts::of(&self.spans);
+        } else if self.facts.get().is_some() {
+            self.facts = OnceLock::new();
         }
     }
 
