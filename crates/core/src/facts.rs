@@ -69,6 +69,8 @@ struct Words {
     df: Vec<u32>,
     /// Ids of forgotten words, to reuse.
     free: Vec<u32>,
+    /// The bytes of the words interned, kept as they come and go.
+    name_bytes: usize,
 }
 
 impl Words {
@@ -88,6 +90,7 @@ impl Words {
             }
         };
         self.ids.insert(word.into(), id);
+        self.name_bytes += word.len();
         id
     }
 
@@ -101,6 +104,7 @@ impl Words {
         *df -= 1;
         if *df == 0 {
             let name = std::mem::take(&mut self.names[at]);
+            self.name_bytes = self.name_bytes.saturating_sub(name.len());
             self.ids.remove(&name);
             self.free.push(id);
         }
@@ -115,6 +119,9 @@ pub struct LiveFacts {
     words: Words,
     /// Sum of every live span's length in words.
     total_words: u64,
+    /// Sum of the spans' `data` lengths, kept as they come and go, so that
+    /// [`LiveFacts::heap_bytes`] costs nothing per span.
+    data_pairs: usize,
 }
 
 impl fmt::Debug for LiveFacts {
@@ -150,8 +157,19 @@ impl LiveFacts {
     }
 
     /// The bytes these facts hold on the heap, about: what a session's
-    /// memory bound should count next to its spans. Linear in the spans.
+    /// memory bound should count next to its spans. Kept as spans and
+    /// words come and go: it costs nothing per span.
     pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let spans = self.spans.capacity() * size_of::<SpanFacts>()
+            + self.data_pairs * size_of::<(u32, u32)>();
+        spans + self.words_heap_bytes(self.words.name_bytes)
+    }
+
+    /// [`LiveFacts::heap_bytes`] counted afresh, span by span and word by
+    /// word: what the kept counts must equal.
+    #[cfg(test)]
+    fn heap_bytes_recounted(&self) -> usize {
         use std::mem::size_of;
         let spans = self.spans.capacity() * size_of::<SpanFacts>()
             + self
@@ -160,14 +178,20 @@ impl LiveFacts {
                 .map(|f| f.data.len() * size_of::<(u32, u32)>())
                 .sum::<usize>();
         let names: usize = self.words.names.iter().map(|n| n.len()).sum();
+        spans + self.words_heap_bytes(names)
+    }
+
+    /// The words' share of [`LiveFacts::heap_bytes`], given the bytes of
+    /// their names.
+    fn words_heap_bytes(&self, names: usize) -> usize {
+        use std::mem::size_of;
         // Each word is held twice (map key and by id), with its entry,
         // id and document frequency.
-        let words = 2 * names
+        2 * names
             + self.words.ids.capacity() * (size_of::<(Box<str>, u32)>() + 1)
             + self.words.names.capacity() * size_of::<Box<str>>()
             + self.words.df.capacity() * size_of::<u32>()
-            + self.words.free.capacity() * size_of::<u32>();
-        spans + words
+            + self.words.free.capacity() * size_of::<u32>()
     }
 
     /// Whether these are the facts of `spans`: the same spans, by id and
@@ -222,6 +246,7 @@ impl LiveFacts {
                     .filter_map(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
             );
         }
+        self.data_pairs += terms.len();
         SpanFacts {
             id: span.id,
             text_len: span.text.len(),
@@ -233,8 +258,9 @@ impl LiveFacts {
     }
 
     /// Takes a span's facts out of the totals.
-    fn forget(words: &mut Words, total_words: &mut u64, f: &SpanFacts) {
+    fn forget(words: &mut Words, total_words: &mut u64, data_pairs: &mut usize, f: &SpanFacts) {
         *total_words = total_words.saturating_sub(u64::from(f.words));
+        *data_pairs = data_pairs.saturating_sub(f.data.len());
         for &(id, _) in f.terms() {
             words.release(id);
         }
@@ -257,7 +283,12 @@ impl LiveFacts {
         let f = self.derive(span);
         if let Some(old) = self.spans.get_mut(at) {
             let old = std::mem::replace(old, f);
-            LiveFacts::forget(&mut self.words, &mut self.total_words, &old);
+            LiveFacts::forget(
+                &mut self.words,
+                &mut self.total_words,
+                &mut self.data_pairs,
+                &old,
+            );
         }
     }
 
@@ -265,7 +296,12 @@ impl LiveFacts {
     pub(crate) fn retain(&mut self, keep: &[bool]) {
         for (f, &kept) in self.spans.iter().zip(keep) {
             if !kept {
-                LiveFacts::forget(&mut self.words, &mut self.total_words, f);
+                LiveFacts::forget(
+                    &mut self.words,
+                    &mut self.total_words,
+                    &mut self.data_pairs,
+                    f,
+                );
             }
         }
         let mut k = 0;
@@ -534,6 +570,11 @@ mod tests {
         let fresh = LiveFacts::of(&session.spans);
         let canonical = kept.canonical();
         assert_eq!(canonical, fresh.canonical(), "step {step}");
+        assert_eq!(
+            kept.heap_bytes(),
+            kept.heap_bytes_recounted(),
+            "step {step}"
+        );
         assert!(
             canonical.df.iter().all(|&(_, df)| df > 0),
             "step {step}: a word no live span uses is still interned"

@@ -190,7 +190,7 @@ impl Broker {
             keys,
         };
         let ack = self.store.write(change_write).await?;
-        loaded.session.apply(change);
+        loaded.apply(change);
         loaded.stale = false;
         Ok(ack.marker_seq)
     }

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::facts::LiveFacts;
-use ctxbroker_core::session::{Session, SessionRecord};
+use ctxbroker_core::session::{Change, Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
@@ -63,9 +63,10 @@ pub struct Loaded {
     /// Set when the session was deleted: holders of the old slot retry with
     /// a fresh one.
     pub gone: bool,
-    /// The revision and result of the last [`estimate`] of `session`: a
-    /// read-only turn leaves the session as it was and is not estimated
-    /// again.
+    /// The revision and result of the last estimate of `session`'s record
+    /// and spans ([`spans_estimate`]): a read-only turn leaves the session
+    /// as it was and is not estimated again, and a change that only
+    /// appends adds its spans to it (see [`Loaded::apply`]).
     estimated: Option<(u64, u64)>,
 }
 
@@ -88,14 +89,39 @@ impl Loaded {
             return 0;
         }
         let revision = self.session.record.revision;
-        match self.estimated {
+        let spans = match self.estimated {
             Some((at, bytes)) if at == revision && !self.stale => bytes,
             _ => {
-                let bytes = estimate(&self.session);
+                let bytes = spans_estimate(&self.session);
                 self.estimated = Some((revision, bytes));
                 bytes
             }
-        }
+        };
+        spans + facts_estimate(&self.session)
+    }
+
+    /// Adopts a change the store acknowledged (`Session::apply`). A change
+    /// that only appends spans updates the estimate by what it adds, so
+    /// that a turn that fits costs the size of the turn here too; any
+    /// other leaves the estimate to be made afresh.
+    pub fn apply(&mut self, change: &Change) {
+        let appends_only =
+            change.evict.is_empty() && change.replace.is_empty() && change.summary.is_none();
+        let current = self
+            .estimated
+            .filter(|&(at, _)| at == self.session.record.revision && appends_only);
+        let capacity = self.session.spans.capacity();
+        self.session.apply(change);
+        self.estimated = current.map(|(_, bytes)| {
+            let span = size_of::<Span>();
+            let grown = heap(self.session.spans.capacity() * span) as u64;
+            let added: usize = change.append.iter().map(span_heap).sum();
+            let revision = self.session.record.revision;
+            (
+                revision,
+                bytes.saturating_sub(heap(capacity * span) as u64) + grown + added as u64,
+            )
+        });
     }
 }
 
@@ -314,39 +340,59 @@ impl Registry {
     }
 }
 
-/// An estimate of the heap a session holds: the span structs, their texts
-/// and everything else they own, with a word of allocator overhead per
-/// allocation, and what the session derived from them for compaction.
-fn estimate(session: &Session) -> u64 {
-    const ALLOCATION: usize = 16;
-    let heap = |capacity: usize| {
-        if capacity == 0 {
-            0
-        } else {
-            capacity + ALLOCATION
-        }
-    };
-    let strings = |list: &[String]| {
-        heap(size_of_val(list)) + list.iter().map(|s| heap(s.len())).sum::<usize>()
-    };
-    let span_heap = |span: &Span| {
-        let mut bytes = heap(span.text.capacity()) + heap(span.classification.rule.capacity());
-        if let Some(predicate) = &span.predicate {
-            bytes += strings(&predicate.required_terms);
-        }
-        if let Some(summary) = &span.summary {
-            bytes += heap(size_of_val(summary.covers.as_slice())) + strings(&summary.anchors);
-        }
-        if let Some(original) = &span.original {
-            bytes += heap(original.text.capacity());
-        }
-        bytes
-    };
+/// A word of allocator overhead per allocation.
+const ALLOCATION: usize = 16;
+
+/// The heap an allocation of `capacity` bytes takes, about.
+fn heap(capacity: usize) -> usize {
+    if capacity == 0 {
+        0
+    } else {
+        capacity + ALLOCATION
+    }
+}
+
+/// The heap of a list of strings.
+fn strings(list: &[String]) -> usize {
+    heap(size_of_val(list)) + list.iter().map(|s| heap(s.len())).sum::<usize>()
+}
+
+/// The heap a span owns: its text and everything else it holds.
+fn span_heap(span: &Span) -> usize {
+    let mut bytes = heap(span.text.capacity()) + heap(span.classification.rule.capacity());
+    if let Some(predicate) = &span.predicate {
+        bytes += strings(&predicate.required_terms);
+    }
+    if let Some(summary) = &span.summary {
+        bytes += heap(size_of_val(summary.covers.as_slice())) + strings(&summary.anchors);
+    }
+    if let Some(original) = &span.original {
+        bytes += heap(original.text.capacity());
+    }
+    bytes
+}
+
+/// An estimate of the heap a session's record and spans hold: the span
+/// structs, their texts and everything else they own, with a word of
+/// allocator overhead per allocation. Walks the spans.
+fn spans_estimate(session: &Session) -> u64 {
     let record = size_of::<Loaded>() + heap(session.record.id.len()) + 256;
     let spans = heap(session.spans.capacity() * size_of::<Span>())
         + session.spans.iter().map(span_heap).sum::<usize>();
-    let facts = session.derived_facts().map_or(0, LiveFacts::heap_bytes);
-    (record + spans + facts) as u64
+    (record + spans) as u64
+}
+
+/// What the session derived from its spans for compaction, if it did:
+/// kept as the facts change, so it costs nothing per span.
+fn facts_estimate(session: &Session) -> u64 {
+    session.derived_facts().map_or(0, LiveFacts::heap_bytes) as u64
+}
+
+/// An estimate of the heap a session holds: its record and spans, and
+/// what it derived from them for compaction.
+#[cfg(test)]
+fn estimate(session: &Session) -> u64 {
+    spans_estimate(session) + facts_estimate(session)
 }
 
 /// The session's turn: while it is held, no other request of the same
@@ -812,6 +858,62 @@ mod tests {
         registry.drop_unadmitted("late", &slot);
         assert!(!registry.entries.contains_key("late"));
         assert_eq!(registry.bytes, 200);
+    }
+
+    /// A session's estimate, kept by the changes applied to it, is the
+    /// estimate made afresh: through turns that fit (added to the kept
+    /// estimate) and compactions (estimated again).
+    #[test]
+    fn the_kept_estimate_is_the_estimate_made_afresh() {
+        use ctxbroker_core::SessionConfig;
+        use ctxbroker_core::span::Role;
+        use ctxbroker_core::tokens::ByteLength;
+
+        use crate::broker::TurnSpan;
+
+        let config = SessionConfig::with_window(4_000);
+        let mut loaded = Loaded::new(Session::create("estimate", config, 1));
+        let (mut appended, mut compacted) = (0, 0);
+        for turn in 0..120u64 {
+            let text = format!(
+                "turn {turn}: read src/module_{}.rs and found error E{:04} near line {}",
+                turn % 7,
+                turn * 13 % 10_000,
+                turn * 31
+            )
+            .repeat(1 + (turn % 5) as usize);
+            let span = TurnSpan {
+                role: if turn % 2 == 0 {
+                    Role::Tool
+                } else {
+                    Role::Assistant
+                },
+                text,
+                token_count: None,
+                class: None,
+                predicate: None,
+                relevance_hint: None,
+                idempotency_key: String::new(),
+            };
+            let tokens = span.tokens(loaded.session.record.config.tokenizer, &ByteLength);
+            let incoming = vec![span.labelled(tokens)];
+            let Ok(change) = loaded.session.admit(incoming, 10 + turn, &ByteLength) else {
+                continue;
+            };
+            loaded.bytes();
+            if change.evict.is_empty() && change.summary.is_none() {
+                appended += 1;
+            } else {
+                compacted += 1;
+            }
+            loaded.apply(&change);
+            let kept = loaded.bytes();
+            assert_eq!(kept, estimate(&loaded.session), "turn {turn}");
+        }
+        assert!(
+            appended >= 20 && compacted >= 3,
+            "{appended} appended, {compacted} compacted"
+        );
     }
 
     #[test]
