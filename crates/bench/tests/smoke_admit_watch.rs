@@ -70,6 +70,10 @@ fn admit_prints_every_row_with_plausible_figures() {
         "4000",
         "--probe",
         "40",
+        "--flat-sizes",
+        "100,600",
+        "--flat-requests",
+        "30",
         "--no-split",
         "--csv",
         csv.to_str().unwrap(),
@@ -124,6 +128,27 @@ fn admit_prints_every_row_with_plausible_figures() {
     );
     assert!(!out.contains("errors:"), "{out}");
     assert!(!out.contains("admission split"), "--no-split: {out}");
+    // The rows of CPU per request that fits, against the session's size:
+    // each daemon, each size, a no-op row and an admission row.
+    for daemon in ["durable", "relaxed"] {
+        for size in ["100", "600"] {
+            for request in ["no-op", "admit"] {
+                let cells = out
+                    .lines()
+                    .map(|l| {
+                        l.trim_matches('|')
+                            .split('|')
+                            .map(str::trim)
+                            .collect::<Vec<_>>()
+                    })
+                    .find(|c| c.len() == 8 && c[0] == daemon && c[1] == size && c[2] == request)
+                    .unwrap_or_else(|| panic!("no {daemon} {size} {request} row: {out}"));
+                assert_eq!(cells[3], "30", "{cells:?}");
+                assert!(number(cells[4]) > 0.0, "{cells:?}");
+                assert!(number(cells[5]) >= 0.0, "{cells:?}");
+            }
+        }
+    }
 
     // The CSV: one line per request of every row printed, each row's count
     // the table's.

@@ -43,6 +43,7 @@
 //! that the cost of an admission that fits does not grow with the
 //! session.
 
+mod flat;
 mod load;
 mod redis;
 pub mod split;
@@ -133,6 +134,17 @@ pub struct AdmitArgs {
     /// Admissions per size before those, not recorded.
     #[arg(long, default_value_t = 200)]
     pub split_warmup: usize,
+    /// Skip the rows of the daemon's CPU per admission that fits, against
+    /// the session's size.
+    #[arg(long, conflicts_with = "split_only")]
+    pub no_flat: bool,
+    /// Those rows' session sizes, in live spans (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000, 10_000, 100_000])]
+    pub flat_sizes: Vec<usize>,
+    /// Requests those rows record per size (no-ops, then as many
+    /// admissions).
+    #[arg(long, default_value_t = 5000)]
+    pub flat_requests: usize,
     /// The split's recorded admissions are interleaved: each size makes
     /// this many before the next size's turn.
     #[arg(long, default_value_t = 10)]
@@ -425,6 +437,21 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
         ));
     }
     drop(redis);
+    let mut flat = Vec::new();
+    if !args.no_flat {
+        for target in &targets {
+            settle(target.daemon.pid()).await;
+            let rows = flat::rows(
+                &target.channels[0],
+                target.daemon.pid(),
+                &workload,
+                &args.flat_sizes,
+                args.flat_requests,
+            )
+            .await?;
+            flat.push((target.kind, rows));
+        }
+    }
 
     println!();
     println!("{HEADER}");
@@ -442,6 +469,17 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     for (_, probe) in &probes {
         println!("{}", probe.noop.render());
         println!("{}", probe.admit.render());
+    }
+    if !flat.is_empty() {
+        println!();
+        println!(
+            "daemon CPU per request that fits, one client, against the session's live spans ({} requests per row):",
+            args.flat_requests
+        );
+        println!();
+        for (kind, rows) in &flat {
+            print!("{}", flat::render(&kind.to_string(), rows));
+        }
     }
     println!();
     match &skipped {

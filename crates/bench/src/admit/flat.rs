@@ -1,0 +1,187 @@
+//! The daemon's CPU per admission that fits, against the session's size.
+//!
+//! For each size, one session is grown to that many live spans (turns of
+//! short tool outputs, under a window far above them, so nothing compacts),
+//! then one client alternates a no-op and a short unlabelled user message
+//! on it. The daemon's CPU time is read before and after each half of the
+//! measurement (no-ops alone, then admissions alone), so each row's CPU per
+//! request is the whole daemon's: gRPC, the session's turn, the store's
+//! writer and flusher, the engine's I/O threads. The no-op row is the
+//! floor every request pays.
+
+use std::time::{Duration, Instant};
+
+use ctxbroker_proto::v1 as pb;
+
+use crate::common::{Client, Failure, Quantiles};
+use crate::daemon::PhaseMeter;
+
+use super::{Turn, Workload};
+
+/// Spans per turn while a session grows.
+const GROW_SPANS_PER_TURN: usize = 250;
+
+/// The window of the grown sessions: far above their live tokens.
+const WINDOW_TOKENS: u32 = 10_000_000;
+
+/// One row: requests at one session size.
+#[derive(Debug, Clone)]
+pub(super) struct FlatRow {
+    /// The session's live spans when the measurement began.
+    pub live_spans: usize,
+    /// What was sent: "no-op" or "admit".
+    pub request: &'static str,
+    /// Requests recorded.
+    pub requests: usize,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// The daemon's CPU per request, µs.
+    pub cpu_us: f64,
+}
+
+/// Grows a session per size and measures `admissions` no-ops and
+/// admissions on each, against the daemon `pid`.
+pub(super) async fn rows(
+    client: &Client,
+    pid: u32,
+    workload: &Workload,
+    sizes: &[usize],
+    admissions: usize,
+) -> Result<Vec<FlatRow>, Failure> {
+    let mut client = client.clone();
+    let shorts: Vec<&Turn> = workload
+        .pool
+        .iter()
+        .filter(|t| t.role == pb::Role::User)
+        .collect();
+    if shorts.is_empty() {
+        return Err("the workload has no user message".into());
+    }
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let session = format!("flat-{size}");
+        grow(&mut client, &session, size).await?;
+        let warm = (admissions / 10).max(1);
+        for n in 0..warm {
+            admit(&mut client, &session, shorts[n % shorts.len()]).await?;
+        }
+        let mut latencies = Vec::with_capacity(admissions);
+        let meter = PhaseMeter::start(pid)?;
+        for _ in 0..admissions {
+            let t0 = Instant::now();
+            client.get_server_info(pb::GetServerInfoRequest {}).await?;
+            latencies.push(t0.elapsed());
+        }
+        let used = meter.finish()?;
+        rows.push(row(size, "no-op", &mut latencies, used.cpu_seconds));
+        let mut latencies = Vec::with_capacity(admissions);
+        let meter = PhaseMeter::start(pid)?;
+        for n in 0..admissions {
+            let t0 = Instant::now();
+            let compacted = admit(&mut client, &session, shorts[n % shorts.len()]).await?;
+            if compacted {
+                return Err(format!("{session} compacted; the row needs turns that fit").into());
+            }
+            latencies.push(t0.elapsed());
+        }
+        let used = meter.finish()?;
+        rows.push(row(size, "admit", &mut latencies, used.cpu_seconds));
+    }
+    Ok(rows)
+}
+
+fn row(size: usize, request: &'static str, latencies: &mut [Duration], cpu: f64) -> FlatRow {
+    latencies.sort();
+    let requests = latencies.len();
+    FlatRow {
+        live_spans: size,
+        request,
+        requests,
+        p50_us: Quantiles::of(latencies).p50,
+        cpu_us: cpu * 1e6 / requests.max(1) as f64,
+    }
+}
+
+/// Creates `session` and admits turns of short tool outputs until it holds
+/// `size` live spans.
+async fn grow(client: &mut Client, session: &str, size: usize) -> Result<(), Failure> {
+    client
+        .create_session(pb::CreateSessionRequest {
+            session_id: session.to_owned(),
+            config: Some(pb::SessionConfig {
+                window_tokens: Some(WINDOW_TOKENS),
+                ..Default::default()
+            }),
+        })
+        .await?;
+    let mut live = 0;
+    while live < size {
+        let n = GROW_SPANS_PER_TURN.min(size - live);
+        let spans = (live..live + n)
+            .map(|i| pb::SpanInput {
+                role: pb::Role::Tool as i32,
+                text: format!(
+                    "step {i}: wrote build/out_{}.log, exit status {}",
+                    i % 97,
+                    i % 3
+                ),
+                ..Default::default()
+            })
+            .collect();
+        let reply = client
+            .admit(pb::AdmitRequest {
+                session_id: session.to_owned(),
+                spans,
+            })
+            .await?
+            .into_inner();
+        if reply.compaction.is_some() {
+            return Err(format!("{session} compacted while growing").into());
+        }
+        live += n;
+    }
+    Ok(())
+}
+
+/// Admits one short user message; true when the admission compacted.
+async fn admit(client: &mut Client, session: &str, turn: &Turn) -> Result<bool, Failure> {
+    let reply = client
+        .admit(pb::AdmitRequest {
+            session_id: session.to_owned(),
+            spans: vec![super::span(turn)],
+        })
+        .await?
+        .into_inner();
+    Ok(reply.compaction.is_some())
+}
+
+/// The rows as a markdown table, with each admission row's ratio to the
+/// no-op row at the same size and to the admission row at the first size.
+pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
+    let mut out = String::from(
+        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let first_admit = rows
+        .iter()
+        .find(|r| r.request == "admit")
+        .map_or(f64::NAN, |r| r.cpu_us);
+    for r in rows {
+        let (vs_noop, vs_first) = if r.request == "admit" {
+            let noop = rows
+                .iter()
+                .find(|n| n.live_spans == r.live_spans && n.request == "no-op")
+                .map_or(f64::NAN, |n| n.cpu_us);
+            (
+                format!("{:.2}", r.cpu_us / noop),
+                format!("{:.2}", r.cpu_us / first_admit),
+            )
+        } else {
+            ("–".to_owned(), "–".to_owned())
+        };
+        out.push_str(&format!(
+            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} |\n",
+            r.live_spans, r.request, r.requests, r.p50_us, r.cpu_us
+        ));
+    }
+    out
+}
