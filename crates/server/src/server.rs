@@ -158,6 +158,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     };
     init_tracing(&settings);
+    raise_descriptor_limit(&settings);
     // Before the runtime opens descriptors of its own: an inherited one is
     // checked while nothing else can hold its number.
     let socket = match Socket::settle(&settings.listen) {
@@ -215,6 +216,52 @@ fn cap_malloc_arenas() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn cap_malloc_arenas() {}
+
+/// Raises the soft limit on open descriptors to the hard one: every
+/// connection is a descriptor, and the usual soft limit (1024) is below
+/// the default `max_connections`. Warns when even the hard limit leaves
+/// less than the connection caps need.
+#[cfg(unix)]
+#[allow(unsafe_code, clippy::useless_conversion)]
+fn raise_descriptor_limit(settings: &Settings) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct above
+    // only.
+    let raised = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                limit = wanted;
+            }
+        }
+        limit.rlim_cur
+    };
+    // `rlim_t` is not 64 bits everywhere.
+    let raised = u64::try_from(raised).unwrap_or(u64::MAX);
+    let needed = (settings.connections.max_connections as u64)
+        .saturating_add(settings.connections.metrics_max_connections as u64)
+        .saturating_add(256);
+    if raised < needed {
+        warn!(
+            descriptors = raised,
+            needed,
+            "the descriptor limit is below max_connections + metrics_max_connections + 256; \
+             raise it (LimitNOFILE=) or lower max_connections"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_descriptor_limit(_settings: &Settings) {}
 
 /// Every file and directory the daemon creates from here on is its user's
 /// alone (umask `077`): the data directory holds what agents were told and
