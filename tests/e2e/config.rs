@@ -179,7 +179,7 @@ fn help_lists_every_option_with_its_environment_twin() {
     let mut twins: Vec<(String, Option<String>)> = Vec::new();
     for line in stdout.lines().map(str::trim) {
         if line.starts_with("--") {
-            let flag = line.split([' ', '<', ',']).next().unwrap().to_owned();
+            let flag = line.split([' ', '<', ',', '[']).next().unwrap().to_owned();
             twins.push((flag, None));
         } else if let Some(env) = line.strip_prefix("[env: ")
             && let Some((flag, twin)) = twins.last_mut()

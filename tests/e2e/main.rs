@@ -22,6 +22,8 @@ mod crash;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;
+mod hardening;
+mod inproc;
 #[cfg(unix)]
 mod listen;
 mod metrics;
@@ -32,5 +34,6 @@ mod private;
 mod resident;
 mod retry;
 mod search;
+mod tls;
 mod transfer;
 mod watch;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod convert;
 pub mod error;
 pub mod hub;
+pub mod incoming;
 pub mod metrics;
 pub mod scheduler;
 pub mod search;
@@ -18,11 +19,12 @@ pub mod server;
 pub mod service;
 pub mod sessions;
 pub mod socket;
+pub mod tls;
 pub mod transfer;
 pub mod validate;
 
 pub use config::{Cli, Settings};
-pub use server::{ServerError, main_with_args, run};
+pub use server::{Control, ServerError, Serving, main_with_args, run, run_with};
 pub use socket::{Socket, hand_over};
 
 /// What the binary was built from, for `GetServerInfo`.

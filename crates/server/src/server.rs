@@ -17,7 +17,6 @@ use ctxbroker_store::{Store, StoreOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
@@ -25,9 +24,11 @@ use crate::BuildInfo;
 use crate::broker::Broker;
 use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, MemoryShares, Settings};
 use crate::hub::Hub;
+use crate::incoming::{Gate, Hardening};
 use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
 use crate::socket::Socket;
+use crate::tls::{Tls, TlsError, TlsFiles};
 
 /// Why the daemon could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,86 @@ pub enum ServerError {
     /// The gRPC server failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A TLS file is missing, unreadable or does not fit the others.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Plaintext on an address that is not loopback, without
+    /// `allow_insecure`.
+    #[error(
+        "refusing to serve {what} as plaintext on {addr}, which is not a loopback address: \
+         {remedy}, or set allow_insecure (--allow-insecure, CTXBROKER_ALLOW_INSECURE=true) \
+         to serve plaintext there anyway"
+    )]
+    Insecure {
+        /// What would be served: gRPC or the metrics.
+        what: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The setting that would secure it.
+        remedy: &'static str,
+    },
+}
+
+/// A handle on a running daemon, for what signals ask of it: reloading
+/// the TLS files (SIGHUP), and where it serves once it does.
+#[derive(Debug, Clone)]
+pub struct Control {
+    tls: Arc<std::sync::Mutex<Option<Arc<Tls>>>>,
+    serving: tokio::sync::watch::Sender<Option<Serving>>,
+}
+
+/// Where a running daemon serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// The gRPC address.
+    pub grpc: std::net::SocketAddr,
+    /// The metrics address, when metrics are served.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            tls: Arc::default(),
+            serving: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
+
+impl Control {
+    /// A handle for one daemon; pass it to [`run_with`].
+    pub fn new() -> Control {
+        Control::default()
+    }
+
+    /// Reads the TLS files again: new handshakes use them, open
+    /// connections keep theirs. `Ok(false)` when the daemon serves no TLS
+    /// (or has not started yet); on an error the files in force stay.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let tls = self
+            .tls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits until the daemon serves, and says where.
+    pub async fn serving(&self) -> Serving {
+        let mut watch = self.serving.subscribe();
+        loop {
+            if let Some(serving) = *watch.borrow_and_update() {
+                return serving;
+            }
+            if watch.changed().await.is_err() {
+                // The sender lives in `self`: never reached.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 /// Parses the command line, sets up logging and runs the daemon until
@@ -77,6 +158,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     };
     init_tracing(&settings);
+    raise_descriptor_limit(&settings);
     // Before the runtime opens descriptors of its own: an inherited one is
     // checked while nothing else can hold its number.
     let socket = match Socket::settle(&settings.listen) {
@@ -99,8 +181,10 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     };
     let result = runtime.block_on(async move {
+        let control = Control::new();
+        reload_on_hangup(control.clone());
         let listener = socket.listen().await?;
-        run(settings, listener, build, shutdown_signal()).await
+        run_with(settings, listener, build, shutdown_signal(), control).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -132,6 +216,52 @@ fn cap_malloc_arenas() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn cap_malloc_arenas() {}
+
+/// Raises the soft limit on open descriptors to the hard one: every
+/// connection is a descriptor, and the usual soft limit (1024) is below
+/// the default `max_connections`. Warns when even the hard limit leaves
+/// less than the connection caps need.
+#[cfg(unix)]
+#[allow(unsafe_code, clippy::useless_conversion)]
+fn raise_descriptor_limit(settings: &Settings) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct above
+    // only.
+    let raised = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let wanted = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) == 0 {
+                limit = wanted;
+            }
+        }
+        limit.rlim_cur
+    };
+    // `rlim_t` is not 64 bits everywhere.
+    let raised = u64::try_from(raised).unwrap_or(u64::MAX);
+    let needed = (settings.connections.max_connections as u64)
+        .saturating_add(settings.connections.metrics_max_connections as u64)
+        .saturating_add(256);
+    if raised < needed {
+        warn!(
+            descriptors = raised,
+            needed,
+            "the descriptor limit is below max_connections + metrics_max_connections + 256; \
+             raise it (LimitNOFILE=) or lower max_connections"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_descriptor_limit(_settings: &Settings) {}
 
 /// Every file and directory the daemon creates from here on is its user's
 /// alone (umask `077`): the data directory holds what agents were told and
@@ -196,6 +326,60 @@ fn init_tracing(settings: &Settings) {
     };
 }
 
+/// Reloads the TLS files on every SIGHUP (which would otherwise end the
+/// process).
+fn reload_on_hangup(control: Control) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(err) => {
+                warn!(%err, "cannot watch SIGHUP; the TLS files are read only at start");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let reloading = control.clone();
+                let reloaded = tokio::task::spawn_blocking(move || reloading.reload()).await;
+                match reloaded {
+                    Ok(Ok(true)) => info!("SIGHUP: TLS files reloaded; new connections use them"),
+                    Ok(Ok(false)) => info!("SIGHUP: no TLS configured; nothing to reload"),
+                    Ok(Err(err)) => {
+                        error!(%err, "SIGHUP: TLS reload failed; the files in force stay")
+                    }
+                    Err(err) => error!(%err, "SIGHUP: the TLS reload task failed"),
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(control);
+}
+
+/// Refuses plaintext on an address that is not loopback unless
+/// `allow_insecure`, and warns when it is allowed.
+fn plaintext_rule(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+    remedy: &'static str,
+    allow_insecure: bool,
+) -> Result<(), ServerError> {
+    if addr.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    if !allow_insecure {
+        return Err(ServerError::Insecure { what, addr, remedy });
+    }
+    warn!(
+        %addr,
+        "serving {what} as PLAINTEXT on an address that is not loopback (allow_insecure): \
+         anyone who can reach it can read and send traffic"
+    );
+    Ok(())
+}
+
 /// Resolves on the first SIGINT or SIGTERM; a second one exits the process
 /// at once.
 async fn shutdown_signal() {
@@ -241,10 +425,54 @@ pub async fn run(
     build: BuildInfo,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    run_with(settings, listener, build, shutdown, Control::new()).await
+}
+
+/// [`run`], with a [`Control`] through which the caller reloads the TLS
+/// files and learns where the daemon serves.
+pub async fn run_with(
+    settings: Settings,
+    listener: TcpListener,
+    build: BuildInfo,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    control: Control,
+) -> Result<(), ServerError> {
     info!(
         settings = %settings.log_line(),
         "effective configuration"
     );
+    // The files and the plaintext rule first: a bad setting stops the
+    // start before anything is opened.
+    let tls = match TlsFiles::from_settings(&settings.tls) {
+        Some(files) => {
+            let tls = Arc::new(Tls::load(files)?);
+            *control
+                .tls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tls.clone());
+            Some(tls)
+        }
+        None => None,
+    };
+    let local = listener.local_addr().map_err(ServerError::Listen)?;
+    if tls.is_none() {
+        plaintext_rule(
+            "gRPC",
+            local,
+            "configure tls_cert and tls_key (--tls-cert, --tls-key)",
+            settings.tls.allow_insecure,
+        )?;
+    }
+    if let Some(addr) = settings.metrics_addr
+        && !settings.tls.metrics_tls
+    {
+        plaintext_rule(
+            "the metrics",
+            addr,
+            "set metrics_tls (--metrics-tls) with tls_cert and tls_key",
+            settings.tls.allow_insecure,
+        )?;
+    }
     let metrics = Arc::new(Metrics::new(build, settings.metrics_top_sessions));
     // Bound before the store opens: a taken port fails the start at once.
     let metrics_listener = match settings.metrics_addr {
@@ -340,22 +568,33 @@ pub async fn run(
 
     // Metrics stay up through the drain and stop with the daemon.
     let metrics_end = CancellationToken::new();
+    let mut metrics_bound = None;
     let metrics_task = match metrics_listener {
         Some(listener) => {
             let bound = listener.local_addr().map_err(ServerError::Listen)?;
-            info!(metrics_addr = %bound, "metrics served at http://{bound}/metrics");
+            metrics_bound = Some(bound);
+            let metrics_tls = tls.clone().filter(|_| settings.tls.metrics_tls);
+            let scheme = if metrics_tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            info!(metrics_addr = %bound, "metrics served at {scheme}://{bound}/metrics");
+            let options = crate::metrics::EndpointOptions {
+                tls: metrics_tls,
+                max_connections: settings.connections.metrics_max_connections,
+                header_timeout: settings.connections.metrics_header_timeout,
+            };
             Some(tokio::spawn(crate::metrics::serve(
                 listener,
                 metrics.clone(),
                 store.clone(),
                 metrics_end.clone(),
+                options,
             )))
         }
         None => None,
     };
-
-    let local = listener.local_addr().map_err(ServerError::Listen)?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
 
     // The serve loop stops accepting once `stop_serving` fires.
     let stop_serving = CancellationToken::new();
@@ -380,9 +619,34 @@ pub async fn run(
         });
     }
 
-    info!(%local, version = build.version, commit = build.git_commit, "serving");
+    let connections = &settings.connections;
+    let incoming = crate::incoming::incoming(
+        listener,
+        tls.clone(),
+        Hardening {
+            handshake_timeout: connections.handshake_timeout,
+            max_connections: connections.max_connections,
+        },
+        Gate::new(connections.max_connections),
+        stop_serving.clone(),
+    );
+
+    info!(
+        %local,
+        tls = tls.is_some(),
+        client_certificates = settings.tls.tls_client_ca.is_some(),
+        version = build.version,
+        commit = build.git_commit,
+        "serving"
+    );
+    control.serving.send_replace(Some(Serving {
+        grpc: local,
+        metrics: metrics_bound,
+    }));
     let serve = Server::builder()
         .timeout(settings.request_timeout)
+        .http2_keepalive_interval(Some(connections.keepalive_interval))
+        .http2_keepalive_timeout(Some(connections.keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

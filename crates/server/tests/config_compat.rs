@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use ctxbroker_server::config::{Durability, Limits, Listen, LogFormat};
+use ctxbroker_server::config::{
+    ConnectionSettings, Durability, Limits, Listen, LogFormat, TlsSettings,
+};
 use ctxbroker_server::{Cli, Settings};
 
 /// Every variable the flags read, and the value this test gives it.
@@ -35,6 +37,17 @@ const ENV: &[(&str, &str)] = &[
     ("CTXBROKER_LOG", "env=debug"),
     ("CTXBROKER_METRICS_ADDR", "127.0.0.2:9002"),
     ("CTXBROKER_METRICS_TOP_SESSIONS", "2"),
+    ("CTXBROKER_HANDSHAKE_TIMEOUT_MS", "2012"),
+    ("CTXBROKER_HTTP2_KEEPALIVE_INTERVAL_MS", "2013"),
+    ("CTXBROKER_HTTP2_KEEPALIVE_TIMEOUT_MS", "2014"),
+    ("CTXBROKER_MAX_CONNECTIONS", "2015"),
+    ("CTXBROKER_METRICS_MAX_CONNECTIONS", "2016"),
+    ("CTXBROKER_METRICS_HEADER_TIMEOUT_MS", "2017"),
+    ("CTXBROKER_TLS_CERT", "/env/cert.pem"),
+    ("CTXBROKER_TLS_KEY", "/env/key.pem"),
+    ("CTXBROKER_TLS_CLIENT_CA", "/env/ca.pem"),
+    ("CTXBROKER_METRICS_TLS", "false"),
+    ("CTXBROKER_ALLOW_INSECURE", "false"),
 ];
 
 /// A file with every key (`log` spelt as the flag; `listen_fd` and the
@@ -58,6 +71,17 @@ log_format = "json"
 log = "file=debug"
 metrics_addr = "127.0.0.1:9001"
 metrics_top_sessions = 1
+handshake_timeout_ms = 1012
+http2_keepalive_interval_ms = 1013
+http2_keepalive_timeout_ms = 1014
+max_connections = 1015
+metrics_max_connections = 1016
+metrics_header_timeout_ms = 1017
+tls_cert = "/file/cert.pem"
+tls_key = "/file/key.pem"
+tls_client_ca = "/file/ca.pem"
+metrics_tls = true
+allow_insecure = true
 "#;
 
 /// The keys [`FILE`] leaves out: an inherited socket wins over `listen`.
@@ -119,6 +143,26 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
             // (base + 11) MiB: the budget has a floor of 64 MiB.
             memory_budget_bytes: (base + 11) << 20,
         },
+        connections: ConnectionSettings {
+            handshake_timeout: Duration::from_millis(base + 12),
+            keepalive_interval: Duration::from_millis(base + 13),
+            keepalive_timeout: Duration::from_millis(base + 14),
+            max_connections: usize::try_from(base + 15).unwrap(),
+            metrics_max_connections: usize::try_from(base + 16).unwrap(),
+            metrics_header_timeout: Duration::from_millis(base + 17),
+        },
+        tls: {
+            // The environment turns the switches off; the file and the
+            // flags turn them on.
+            let source = data_dir.trim_end_matches("/data");
+            TlsSettings {
+                tls_cert: Some(PathBuf::from(format!("{source}/cert.pem"))),
+                tls_key: Some(PathBuf::from(format!("{source}/key.pem"))),
+                tls_client_ca: Some(PathBuf::from(format!("{source}/ca.pem"))),
+                metrics_tls: base != 2000,
+                allow_insecure: base != 2000,
+            }
+        },
     }
 }
 
@@ -137,6 +181,8 @@ fn assert_settings(got: &Settings, want: &Settings, case: &str) {
         "{case}: metrics_top_sessions"
     );
     assert_eq!(got.limits, want.limits, "{case}: limits");
+    assert_eq!(got.connections, want.connections, "{case}: connections");
+    assert_eq!(got.tls, want.tls, "{case}: tls");
 }
 
 #[test]
@@ -254,6 +300,26 @@ fn every_key_variable_and_flag_resolves_with_flag_over_env_over_file_over_defaul
         "127.0.0.3:9003",
         "--metrics-top-sessions",
         "3",
+        "--handshake-timeout-ms",
+        "3012",
+        "--http2-keepalive-interval-ms",
+        "3013",
+        "--http2-keepalive-timeout-ms",
+        "3014",
+        "--max-connections",
+        "3015",
+        "--metrics-max-connections",
+        "3016",
+        "--metrics-header-timeout-ms",
+        "3017",
+        "--tls-cert",
+        "/flag/cert.pem",
+        "--tls-key",
+        "/flag/key.pem",
+        "--tls-client-ca",
+        "/flag/ca.pem",
+        "--metrics-tls",
+        "--allow-insecure=true",
     ];
     let mut with_fd = flags.to_vec();
     with_fd.extend(["--listen-fd", "7"]);

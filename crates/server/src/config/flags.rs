@@ -57,6 +57,49 @@ pub struct Cli {
     #[arg(long, env = "CTXBROKER_SHUTDOWN_GRACE_MS", value_name = "MS")]
     #[arg(help_heading = "Serving")]
     pub shutdown_grace_ms: Option<u64>,
+    /// Close a connection that has not finished its TLS handshake and sent
+    /// the HTTP/2 preface within this many milliseconds [default: 10000].
+    #[arg(long, env = "CTXBROKER_HANDSHAKE_TIMEOUT_MS", value_name = "MS")]
+    #[arg(help_heading = "Connections")]
+    pub handshake_timeout_ms: Option<u64>,
+    /// Milliseconds of silence on a connection before the server pings it
+    /// [default: 30000].
+    #[arg(long, env = "CTXBROKER_HTTP2_KEEPALIVE_INTERVAL_MS", value_name = "MS")]
+    #[arg(help_heading = "Connections")]
+    pub http2_keepalive_interval_ms: Option<u64>,
+    /// Milliseconds a keepalive ping may wait for its answer before the
+    /// connection is closed [default: 10000].
+    #[arg(long, env = "CTXBROKER_HTTP2_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
+    #[arg(help_heading = "Connections")]
+    pub http2_keepalive_timeout_ms: Option<u64>,
+    /// Most gRPC connections open at once; past it, a new connection
+    /// takes the place of the oldest one still in its handshake, or is
+    /// closed [default: 4096].
+    #[arg(long, env = "CTXBROKER_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(help_heading = "Connections")]
+    pub max_connections: Option<usize>,
+    /// The server's certificate chain, PEM; with --tls-key, serves TLS
+    /// (re-read on SIGHUP) [default: none].
+    #[arg(long, env = "CTXBROKER_TLS_CERT", value_name = "FILE")]
+    #[arg(help_heading = "TLS")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1)
+    /// [default: none].
+    #[arg(long, env = "CTXBROKER_TLS_KEY", value_name = "FILE")]
+    #[arg(help_heading = "TLS")]
+    pub tls_key: Option<PathBuf>,
+    /// Require clients to present a certificate issued by one of these CA
+    /// certificates, PEM (mutual TLS) [default: none].
+    #[arg(long, env = "CTXBROKER_TLS_CLIENT_CA", value_name = "FILE")]
+    #[arg(help_heading = "TLS")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve plaintext on an address that is not loopback (a warning is
+    /// logged); without it the daemon refuses to start there
+    /// [default: false].
+    #[arg(long, env = "CTXBROKER_ALLOW_INSECURE", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "TLS")]
+    pub allow_insecure: Option<bool>,
     /// The data directory [default: ./ctxbroker-data].
     #[arg(long, env = "CTXBROKER_DATA_DIR", value_name = "DIR")]
     #[arg(help_heading = "Storage")]
@@ -122,6 +165,22 @@ pub struct Cli {
     #[arg(long, env = "CTXBROKER_METRICS_ADDR", value_name = "ADDR")]
     #[arg(help_heading = "Metrics")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve the metrics over TLS with the --tls-* files [default: false].
+    #[arg(long, env = "CTXBROKER_METRICS_TLS", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "Metrics")]
+    pub metrics_tls: Option<bool>,
+    /// Most metrics connections open at once; past it, a new connection
+    /// takes the place of the oldest one that has not sent its request
+    /// [default: 16].
+    #[arg(long, env = "CTXBROKER_METRICS_MAX_CONNECTIONS", value_name = "N")]
+    #[arg(help_heading = "Metrics")]
+    pub metrics_max_connections: Option<usize>,
+    /// Milliseconds a metrics client has to finish its TLS handshake and
+    /// send its request head [default: 5000].
+    #[arg(long, env = "CTXBROKER_METRICS_HEADER_TIMEOUT_MS", value_name = "MS")]
+    #[arg(help_heading = "Metrics")]
+    pub metrics_header_timeout_ms: Option<u64>,
     /// How many sessions, those with the most live tokens, the metrics
     /// name; 0 names none, at most 100 [default: 10].
     #[arg(long, env = "CTXBROKER_METRICS_TOP_SESSIONS", value_name = "N")]

@@ -140,6 +140,69 @@ pub struct Limits {
     pub memory_budget_bytes: u64,
 }
 
+/// TLS: the certificate files and the plaintext rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TlsSettings {
+    /// The server's certificate chain (PEM); with `tls_key`, gRPC is
+    /// served over TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) one of which must have issued a client's
+    /// certificate; unset, clients are not asked for one.
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve the metrics endpoint over TLS with the same files.
+    pub metrics_tls: bool,
+    /// Serve plaintext on an address that is not loopback.
+    pub allow_insecure: bool,
+}
+
+impl TlsSettings {
+    /// Whether gRPC is served over TLS.
+    pub fn enabled(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+}
+
+/// How long connections may take to start and stay silent, and how many
+/// may be open.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConnectionSettings {
+    /// The time a new gRPC connection has to finish its TLS handshake and
+    /// send the HTTP/2 preface.
+    #[serde(rename = "handshake_timeout_ms", with = "millis")]
+    pub handshake_timeout: Duration,
+    /// Silence on a connection before the server sends an HTTP/2 ping.
+    #[serde(rename = "http2_keepalive_interval_ms", with = "millis")]
+    pub keepalive_interval: Duration,
+    /// How long that ping may wait for its answer.
+    #[serde(rename = "http2_keepalive_timeout_ms", with = "millis")]
+    pub keepalive_timeout: Duration,
+    /// Most gRPC connections open at once.
+    pub max_connections: usize,
+    /// Most metrics connections open at once.
+    pub metrics_max_connections: usize,
+    /// The time a metrics client has to finish its handshake and send its
+    /// request head.
+    #[serde(rename = "metrics_header_timeout_ms", with = "millis")]
+    pub metrics_header_timeout: Duration,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        ConnectionSettings {
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            metrics_max_connections: 16,
+            metrics_header_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// The smallest `memory_budget_bytes`: below it, what the daemon needs
 /// whatever its settings (the runtime, the tokenizer's tables) leaves
 /// its caches nothing.
@@ -228,6 +291,12 @@ pub struct Settings {
     /// The limits.
     #[serde(flatten)]
     pub limits: Limits,
+    /// TLS and the plaintext rule.
+    #[serde(flatten)]
+    pub tls: TlsSettings,
+    /// Connection timeouts and caps.
+    #[serde(flatten)]
+    pub connections: ConnectionSettings,
 }
 
 impl Default for Settings {
@@ -243,6 +312,8 @@ impl Default for Settings {
             metrics_addr: None,
             metrics_top_sessions: crate::metrics::DEFAULT_TOP_SESSIONS,
             limits: Limits::default(),
+            tls: TlsSettings::default(),
+            connections: ConnectionSettings::default(),
         }
     }
 }
@@ -292,6 +363,27 @@ impl Settings {
                 "request_timeout_ms",
                 self.request_timeout.as_millis() as u64,
             ),
+            (
+                "handshake_timeout_ms",
+                self.connections.handshake_timeout.as_millis() as u64,
+            ),
+            (
+                "http2_keepalive_interval_ms",
+                self.connections.keepalive_interval.as_millis() as u64,
+            ),
+            (
+                "http2_keepalive_timeout_ms",
+                self.connections.keepalive_timeout.as_millis() as u64,
+            ),
+            (
+                "metrics_header_timeout_ms",
+                self.connections.metrics_header_timeout.as_millis() as u64,
+            ),
+            ("max_connections", self.connections.max_connections as u64),
+            (
+                "metrics_max_connections",
+                self.connections.metrics_max_connections as u64,
+            ),
         ] {
             if value == 0 {
                 return fail(key, "must be at least 1", &0);
@@ -312,6 +404,21 @@ impl Settings {
         if self.metrics_top_sessions > top {
             let limit = format!("must be at most {top}");
             return fail("metrics_top_sessions", &limit, &self.metrics_top_sessions);
+        }
+        let tls = &self.tls;
+        let unset = |path: &Option<PathBuf>| path.is_none();
+        if unset(&tls.tls_cert) && !unset(&tls.tls_key) {
+            return fail("tls_cert", "must be set with tls_key", &"nothing");
+        }
+        if !unset(&tls.tls_cert) && unset(&tls.tls_key) {
+            return fail("tls_key", "must be set with tls_cert", &"nothing");
+        }
+        if !tls.enabled() && !unset(&tls.tls_client_ca) {
+            let limit = "needs tls_cert and tls_key (client certificates are asked for over TLS)";
+            return fail("tls_client_ca", limit, &"no tls_cert");
+        }
+        if !tls.enabled() && tls.metrics_tls {
+            return fail("metrics_tls", "needs tls_cert and tls_key", &true);
         }
         if let Listen::Fd(fd) = self.listen
             && fd < 0

@@ -230,6 +230,21 @@ fn sample() -> Settings {
             session_cache_bytes: 5555,
             memory_budget_bytes: 300 << 20,
         },
+        tls: TlsSettings {
+            tls_cert: Some(PathBuf::from("/etc/ctx/cert.pem")),
+            tls_key: Some(PathBuf::from("/etc/ctx/key.pem")),
+            tls_client_ca: Some(PathBuf::from("/etc/ctx/clients.pem")),
+            metrics_tls: true,
+            allow_insecure: true,
+        },
+        connections: ConnectionSettings {
+            handshake_timeout: Duration::from_millis(111),
+            keepalive_interval: Duration::from_millis(222),
+            keepalive_timeout: Duration::from_millis(333),
+            max_connections: 44,
+            metrics_max_connections: 5,
+            metrics_header_timeout: Duration::from_millis(666),
+        },
     }
 }
 
@@ -349,4 +364,52 @@ fn check_config_is_a_command_beside_the_flags() {
     );
     assert_eq!(parsed.max_sessions, Some(4));
     assert_eq!(cli(&[]).command, None);
+}
+
+#[test]
+fn tls_settings_come_in_pairs() {
+    for (args, expected) in [
+        (
+            &["--tls-cert", "c.pem"][..],
+            "invalid setting tls_key: must be set with tls_cert; got nothing",
+        ),
+        (
+            &["--tls-key", "k.pem"],
+            "invalid setting tls_cert: must be set with tls_key; got nothing",
+        ),
+        (
+            &["--tls-client-ca", "ca.pem"],
+            "invalid setting tls_client_ca: needs tls_cert and tls_key (client certificates are asked for over TLS); got no tls_cert",
+        ),
+        (
+            &["--metrics-tls"],
+            "invalid setting metrics_tls: needs tls_cert and tls_key; got true",
+        ),
+        (
+            &["--handshake-timeout-ms", "0"],
+            "invalid setting handshake_timeout_ms: must be at least 1; got 0",
+        ),
+        (
+            &["--max-connections", "0"],
+            "invalid setting max_connections: must be at least 1; got 0",
+        ),
+    ] {
+        let err = cli(args).resolve().unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+    let on = cli(&[
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+        "--allow-insecure",
+    ])
+    .resolve()
+    .unwrap();
+    assert!(on.tls.enabled());
+    assert!(on.tls.allow_insecure);
+    let off = cli(&["--allow-insecure=false"]).resolve().unwrap();
+    assert!(!off.tls.allow_insecure);
+    assert!(!off.tls.enabled());
+    assert_eq!(off.connections, ConnectionSettings::default());
 }

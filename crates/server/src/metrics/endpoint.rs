@@ -9,9 +9,13 @@
 //! | a request head over 8 KiB | 431 |
 //! | not HTTP | 400 (from hyper) |
 //!
-//! At most [`MAX_CONNECTIONS`] connections are served at once (more wait
-//! to be accepted), and each one is cut [`CONNECTION_DEADLINE`] after it
-//! was accepted, so slow or silent clients cannot hold the endpoint.
+//! Slow or silent clients cannot hold the endpoint: at most
+//! `metrics_max_connections` connections are open at once, and when all
+//! are taken a new one takes the place of the oldest that has not sent
+//! its request yet (or is refused, when every open one has); a client
+//! must finish its TLS handshake (with `metrics_tls`) and send its request
+//! head within `metrics_header_timeout_ms`; and every connection is cut
+//! [`CONNECTION_DEADLINE`] after it was accepted, whatever it was doing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,28 +26,49 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::Listener;
 use ctxbroker_store::Store;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::Metrics;
+use crate::incoming::{Gate, Throttled, is_connection_error};
+use crate::tls::Tls;
+
+/// How the endpoint serves: TLS or not, and its bounds.
+#[derive(Debug, Clone)]
+pub struct EndpointOptions {
+    /// Serve HTTPS with these files.
+    pub tls: Option<Arc<Tls>>,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// The time a client has to finish its handshake and send its request
+    /// head.
+    pub header_timeout: Duration,
+}
 
 /// The longest request head (request line and headers) answered.
 const MAX_REQUEST_HEAD: usize = 8 << 10;
-/// Connections served at once.
-const MAX_CONNECTIONS: usize = 16;
 /// How long a connection may stay open, request and answer included.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
 /// How long connections still open at shutdown may take to finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+impl Default for EndpointOptions {
+    fn default() -> Self {
+        let connections = crate::config::ConnectionSettings::default();
+        EndpointOptions {
+            tls: None,
+            max_connections: connections.metrics_max_connections,
+            header_timeout: connections.metrics_header_timeout,
+        }
+    }
+}
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -54,10 +79,11 @@ struct Endpoint {
 
 /// Serves `GET /metrics` on `listener` until `shutdown`.
 pub async fn serve(
-    mut listener: TcpListener,
+    listener: TcpListener,
     metrics: Arc<Metrics>,
     store: Store,
     shutdown: CancellationToken,
+    options: EndpointOptions,
 ) {
     let router = Router::new()
         .route("/metrics", get(exposition))
@@ -80,28 +106,78 @@ pub async fn serve(
         })
         .layer(middleware::from_fn(one_request))
         .with_state(Endpoint { metrics, store });
-    let service = TowerToHyperService::new(router);
-    let http = Builder::new(TokioExecutor::new());
+    let mut http = Builder::new(TokioExecutor::new()).http1_only();
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout);
+    let http = Arc::new(http);
     let open = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let gate = Gate::new(options.max_connections);
+    let mut refusals = Throttled::new("metrics endpoint");
     loop {
-        // A free slot first, so connections past the limit wait to be
-        // accepted (the semaphore is never closed); axum's `accept` waits
-        // out accept errors.
-        let accepted = async {
-            let slot = slots.clone().acquire_owned().await;
-            (slot, Listener::accept(&mut listener).await)
-        };
-        let (slot, (stream, _)) = tokio::select! {
-            accepted = accepted => accepted,
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = shutdown.cancelled() => break,
         };
-        let served = http.serve_connection_with_upgrades(TokioIo::new(stream), service.clone());
-        let connection = open.watch(served.into_owned());
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(err) if is_connection_error(&err) => continue,
+            Err(err) => {
+                warn!(%err, "metrics endpoint: accept failed; pausing before the next accept");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
+        let Some(slot) = gate.admit() else {
+            refusals.refused(options.max_connections);
+            continue;
+        };
+        let slot = Arc::new(slot);
+        // The request head arrived: the connection may no longer be
+        // displaced.
+        let service = {
+            let router = router.clone();
+            let slot = slot.clone();
+            tower::ServiceExt::map_request(router, move |request: axum::http::Request<_>| {
+                slot.spoke();
+                request
+            })
+        };
+        let service = TowerToHyperService::new(service);
+        let tls = options.tls.clone();
+        let header_timeout = options.header_timeout;
+        let http = http.clone();
+        let watcher = open.watcher();
         tokio::spawn(async move {
-            // Cut at the deadline, whatever the connection was doing.
-            let _ = tokio::time::timeout(CONNECTION_DEADLINE, connection).await;
-            drop(slot);
+            let connection = async {
+                match tls {
+                    Some(tls) => {
+                        let handshake = tls.metrics_acceptor().accept(stream);
+                        let stream = match tokio::time::timeout(header_timeout, handshake).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(err)) => {
+                                debug!(%err, "metrics endpoint: handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                        let served = http.serve_connection(TokioIo::new(stream), service);
+                        let _ = watcher.watch(served).await;
+                    }
+                    None => {
+                        let served = http.serve_connection(TokioIo::new(stream), service);
+                        let _ = watcher.watch(served).await;
+                    }
+                }
+            };
+            // Cut at the deadline, or when a newer connection takes the
+            // slot of this one, still silent.
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_DEADLINE, connection) => {}
+                () = slot.displaced() => {}
+            }
         });
     }
     drop(listener);

@@ -56,7 +56,7 @@ use prometheus_client::registry::Registry;
 use crate::BuildInfo;
 use crate::error::ApiError;
 
-pub use endpoint::serve;
+pub use endpoint::{EndpointOptions, serve};
 pub use timed::{Timed, TimedCall};
 
 /// Sessions named by `ctxbroker_session_live_tokens` unless configured.
