@@ -16,8 +16,14 @@
 //
 //   node watch.js --addr 127.0.0.1:50051 [--from-seq N | --start oldest|now]
 //                 [--session ID]... [--until-seq N] [--max-backoff-ms MS]
+//                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]
+//
+// With --tls-ca it connects over TLS, trusting the CA in FILE (PEM); a
+// daemon that asks for client certificates (--tls-client-ca) also needs
+// --tls-cert and --tls-key.
 'use strict';
 
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -55,9 +61,21 @@ function loadContract(dir = protoDir()) {
   return grpc.loadPackageDefinition(definition).ctxbroker.v1;
 }
 
-/** A ContextBroker client for `address` (host:port, plaintext). */
-function connect(address, contract = loadContract()) {
-  return new contract.ContextBroker(address, grpc.credentials.createInsecure(), CHANNEL_OPTIONS);
+/** The channel credentials for `tls` ({ ca, cert, key }: PEM file
+ * paths; cert and key only for a daemon that asks for client
+ * certificates), or plaintext when `tls` is null. */
+function credentials(tls) {
+  if (!tls) return grpc.credentials.createInsecure();
+  if (!tls.ca) throw new Error('TLS needs the CA file (--tls-ca)');
+  if (Boolean(tls.cert) !== Boolean(tls.key)) throw new Error('--tls-cert and --tls-key go together');
+  const read = (file) => (file ? fs.readFileSync(file) : null);
+  return grpc.credentials.createSsl(read(tls.ca), read(tls.key), read(tls.cert));
+}
+
+/** A ContextBroker client for `address` (host:port): plaintext, or over
+ * TLS with `tls` (see `credentials`). */
+function connect(address, contract = loadContract(), tls = null) {
+  return new contract.ContextBroker(address, credentials(tls), CHANNEL_OPTIONS);
 }
 
 /** Raised when the daemon sends a marker out of sequence. */
@@ -184,7 +202,11 @@ function markerJson(marker) {
 }
 
 function parseArgs(argv) {
-  const args = { addr: null, fromSeq: 1, start: 'FROM_SEQ', sessionIds: [], untilSeq: null, maxBackoffMs: 2000 };
+  const args = { addr: null, fromSeq: 1, start: 'FROM_SEQ', sessionIds: [], untilSeq: null, maxBackoffMs: 2000, tls: null };
+  const tls = () => {
+    args.tls = args.tls || {};
+    return args.tls;
+  };
   for (let i = 0; i < argv.length; i += 1) {
     const flag = argv[i];
     const value = () => {
@@ -198,6 +220,9 @@ function parseArgs(argv) {
     else if (flag === '--session') args.sessionIds.push(value());
     else if (flag === '--until-seq') args.untilSeq = BigInt(value());
     else if (flag === '--max-backoff-ms') args.maxBackoffMs = Number(value());
+    else if (flag === '--tls-ca') tls().ca = value();
+    else if (flag === '--tls-cert') tls().cert = value();
+    else if (flag === '--tls-key') tls().key = value();
     else throw new Error(`unknown flag ${flag}`);
   }
   if (!args.addr) throw new Error('--addr host:port is required');
@@ -214,7 +239,13 @@ async function main(argv) {
     process.stderr.write(`watch.js: ${err.message}\n`);
     return 2;
   }
-  const client = connect(args.addr);
+  let client;
+  try {
+    client = connect(args.addr, loadContract(), args.tls);
+  } catch (err) {
+    process.stderr.write(`watch.js: ${err.message}\n`);
+    return 2;
+  }
   const stop = new AbortController();
   for (const sig of ['SIGINT', 'SIGTERM']) process.once(sig, () => stop.abort());
   const log = (event) => process.stderr.write(`${JSON.stringify(event)}\n`);
@@ -247,7 +278,7 @@ async function main(argv) {
   }
 }
 
-module.exports = { CHANNEL_OPTIONS, MarkerSequenceError, connect, loadContract, markerJson, protoDir, watchMarkers };
+module.exports = { CHANNEL_OPTIONS, MarkerSequenceError, connect, credentials, loadContract, markerJson, protoDir, watchMarkers };
 
 if (require.main === module) {
   main(process.argv.slice(2)).then((code) => {

@@ -9,7 +9,19 @@ statuses and google.rpc details into exceptions.
 """
 
 from . import errors
-from .client import CHANNEL_OPTIONS, Admission, Broker, Context, assistant, span, system, tool, user
+from .client import (
+    CHANNEL_OPTIONS,
+    Admission,
+    Broker,
+    Context,
+    Tls,
+    assistant,
+    channel,
+    span,
+    system,
+    tool,
+    user,
+)
 from .daemon import DaemonFailed, LocalDaemon, find_binary
 from .errors import BrokerError
 from .v1 import broker_pb2 as pb
@@ -28,7 +40,9 @@ __all__ = [
     "LocalDaemon",
     "MarkerSequenceError",
     "MarkerWatch",
+    "Tls",
     "assistant",
+    "channel",
     "errors",
     "find_binary",
     "pb",

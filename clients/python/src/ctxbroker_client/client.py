@@ -37,6 +37,51 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Tls:
+    """How to reach a daemon that serves TLS: the PEM files of the CA that
+    signed its certificate and, for a daemon that asks for client
+    certificates (``--tls-client-ca``), this client's certificate chain and
+    key. ``server_name`` checks the daemon's certificate against another
+    name than the target's host."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The channel credentials these files make."""
+
+        def read(path: str | None) -> bytes | None:
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("Tls: cert_file and key_file go together")
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file),
+            private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file),
+        )
+
+    def options(self) -> tuple[tuple[str, str], ...]:
+        """The channel options these settings add."""
+        if self.server_name is None:
+            return ()
+        return (("grpc.ssl_target_name_override", self.server_name),)
+
+
+def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
+    """A channel to ``host:port`` with :data:`CHANNEL_OPTIONS`: plaintext,
+    or over TLS with ``tls``."""
+    if tls is None:
+        return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(target, tls.credentials(), options=CHANNEL_OPTIONS + tls.options())
+
+
 def span(
     role: pb.Role,
     text: str,
@@ -148,8 +193,9 @@ class Context:
 class Broker:
     """A client of one ctxbroker daemon.
 
-    ``target`` is ``host:port`` (a plaintext channel with
-    :data:`CHANNEL_OPTIONS` is made) or a ready :class:`grpc.Channel`.
+    ``target`` is ``host:port`` (a channel with :data:`CHANNEL_OPTIONS` is
+    made: plaintext, or over TLS with ``tls``) or a ready
+    :class:`grpc.Channel`.
     Unary calls time out after ``timeout`` seconds. With ``wait_for_ready``
     (the default) a call made while the daemon is unreachable — restarting,
     say — waits for it within that timeout instead of failing at once; the
@@ -163,9 +209,10 @@ class Broker:
         timeout: float = 30.0,
         metadata: Sequence[tuple[str, str]] = (),
         wait_for_ready: bool = True,
+        tls: Tls | None = None,
     ) -> None:
         if isinstance(target, str):
-            self.channel: grpc.Channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self.channel: grpc.Channel = channel(target, tls)
             self._owns_channel = True
         else:
             self.channel = target

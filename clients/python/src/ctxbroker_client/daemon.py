@@ -23,6 +23,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .client import Tls, channel
+
 
 class DaemonFailed(RuntimeError):
     """The daemon exited or did not become ready; the message ends with the
@@ -59,6 +61,7 @@ class LocalDaemon:
         data_dir: Path | None = None,
         args: Sequence[str] = (),
         ready_timeout: float = 60.0,
+        tls: Tls | None = None,
     ) -> None:
         self.binary = Path(binary)
         self._temp = None if data_dir else tempfile.mkdtemp(prefix="ctxbroker-")
@@ -69,6 +72,9 @@ class LocalDaemon:
         self.log_path = (base if self._temp else self.data_dir.parent) / "ctxbrokerd.log"
         self.args = list(args)
         self.ready_timeout = ready_timeout
+        #: How the readiness check reaches a daemon that serves TLS (its
+        #: ``--tls-*`` files are among ``args``).
+        self.tls = tls
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
         self._socket.listen(1024)
@@ -125,8 +131,8 @@ class LocalDaemon:
         """Waits until the health check says SERVING; raises
         :class:`DaemonFailed` if the process exits or the deadline passes."""
         deadline = time.monotonic() + self.ready_timeout
-        with grpc.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
+        with channel(self.address, self.tls) as ready:
+            health = health_pb2_grpc.HealthStub(ready)
             while True:
                 if self.process is None or self.process.poll() is not None:
                     raise DaemonFailed(f"ctxbrokerd exited during start\n{self.log_tail()}")
