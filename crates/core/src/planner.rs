@@ -43,8 +43,10 @@
 //!
 //! One relevance pass over the live spans (over their text, or, with the
 //! session's [`LiveFacts`], over the words each span was found to have
-//! when it was admitted), a selection and sort of only as many candidates
-//! as the plan reads, a linear scan over their prefix sums, and a summary
+//! when it was admitted) and one that gathers the candidates, a selection
+//! and sort of about as many candidates as the plan reads (as many as
+//! the deficit needs at their average size, doubling when more are
+//! read), a linear scan over their prefix sums, and a summary
 //! of the evicted spans whose sentence work is bounded and whose anchors
 //! are read from the facts; kept spans are never re-tokenised.
 //! Compression, when needed, costs one pass of the compressor over each
