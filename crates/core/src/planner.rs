@@ -43,8 +43,10 @@
 //!
 //! One relevance pass over the live spans (over their text, or, with the
 //! session's [`LiveFacts`], over the words each span was found to have
-//! when it was admitted), a selection and sort of only as many candidates
-//! as the plan reads, a linear scan over their prefix sums, and a summary
+//! when it was admitted) and one that gathers the candidates, a selection
+//! and sort of about as many candidates as the plan reads (as many as
+//! the deficit needs at their average size, doubling when more are
+//! read), a linear scan over their prefix sums, and a summary
 //! of the evicted spans whose sentence work is bounded and whose anchors
 //! are read from the facts; kept spans are never re-tokenised.
 //! Compression, when needed, costs one pass of the compressor over each
@@ -188,7 +190,6 @@ pub(crate) fn plan_described(
     let budget = u64::from(config.budget_tokens());
     let soft = u64::from(config.soft_watermark_tokens());
     let target = input.target_tokens.unwrap_or(soft).min(budget);
-    let before: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
     let incoming = input.incoming_tokens;
     let cap = u64::from(config.effective_summary_max_tokens());
 
@@ -198,19 +199,43 @@ pub(crate) fn plan_described(
     };
     let floor = config.relevance_floor;
     // Relevance is in [0, 1], so its bits order like its value: order plain
-    // integer keys (relevance, position) rather than compare floats.
-    let keys: Vec<(u64, u64, usize)> = (0..live.len())
-        .filter(|&i| !live[i].is_pinned() && !live[i].is_protected())
-        .map(|i| (relevance[i].to_bits(), live[i].position, i))
-        .collect();
-    let below_floor = keys.iter().filter(|k| relevance[k.2] < floor).count();
-    // The standing-instructions tier, oldest first: after every other
-    // candidate, except the oldest that its cap obliges to go at once.
-    let tier: Vec<usize> = (0..live.len())
-        .filter(|&i| live[i].is_protected())
-        .collect();
+    // integer keys (relevance, position) of narrative and summaries rather
+    // than compare floats. The standing-instructions tier, oldest first,
+    // goes after every other candidate, except the oldest that its cap
+    // obliges to go at once. One pass over the live spans finds both, and
+    // their tokens.
+    let mut keys: Vec<(u64, u64, usize)> = Vec::with_capacity(live.len());
+    let mut tier: Vec<usize> = Vec::new();
+    let mut below_floor = 0;
+    let mut before: u64 = 0;
+    let mut key_tokens: u64 = 0;
+    for (i, s) in live.iter().enumerate() {
+        before += u64::from(s.tokens);
+        if s.is_protected() {
+            tier.push(i);
+        } else if !s.is_pinned() {
+            keys.push((relevance[i].to_bits(), s.position, i));
+            below_floor += usize::from(relevance[i] < floor);
+            key_tokens += u64::from(s.tokens);
+        }
+    }
     let over_cap = tier_overflow(live, &tier, protected_cap_tokens(config));
+    // About how many keys the plan will read: those that free what the
+    // live context and the turn exceed the target by, at the keys'
+    // average size, and a quarter more. Sorting that many at once spares
+    // selecting again from all the keys each time the prefix doubles; the
+    // order read is the same whatever is sorted ahead.
+    let deficit = before.saturating_add(incoming).saturating_sub(target);
+    let likely = match u64::try_from(keys.len()) {
+        Ok(n) if n > 0 && key_tokens > 0 && deficit > 0 => {
+            let average = (key_tokens / n).max(1);
+            let wanted = (deficit / average).saturating_add(deficit / average / 4 + 1);
+            usize::try_from(wanted).unwrap_or(usize::MAX)
+        }
+        _ => 0,
+    };
     let mut order = Order::new(keys, tier, below_floor, over_cap);
+    order.sort_to(likely);
     let candidates = order.len();
     let mandatory = below_floor + over_cap;
     let reason_at = |k: usize| {
@@ -622,29 +647,45 @@ pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> 
     let mut forms = made[..made.len() - usize::from(summary.is_some())].iter();
     let mut post: Vec<&Span> = Vec::with_capacity(pre.len() + 1);
     let compressing = !plan.compressed.is_empty();
+    // Stable, as `apply` has always sorted: spans sharing a position keep
+    // the order of pre, and the summary, added last, follows them. A live
+    // context is in prompt order already, and the summary then goes where
+    // that sort puts it: before the first span past its position, placed
+    // while the spans are gathered. Should post turn out not to be in
+    // order, it is sorted as before.
+    let mut in_order = true;
+    let mut last_position = None;
+    let mut pending = summary;
     for s in pre {
         if !evicted.is_empty() && evicted.contains(&s.id) {
             continue;
         }
-        if compressing
+        let kept = if compressing
             && forms.as_slice().first().is_some_and(|f| f.id == s.id)
             && let Some(form) = forms.next()
         {
-            post.push(form);
-            continue;
+            form
+        } else {
+            s
+        };
+        if last_position.is_some_and(|p| p > kept.position) {
+            in_order = false;
         }
-        post.push(s);
+        last_position = Some(kept.position);
+        if in_order && let Some(summary) = pending.filter(|m| kept.position > m.position) {
+            post.push(summary);
+            pending = None;
+        }
+        post.push(kept);
     }
-    // Stable, as `apply` has always sorted: spans sharing a position keep
-    // the order of pre, and the summary, added last, follows them. A live
-    // context is in prompt order already, and the summary then goes where
-    // that sort puts it: after every span at or before its position.
-    if post.windows(2).all(|w| w[0].position <= w[1].position) {
-        if let Some(summary) = summary {
-            let at = post.partition_point(|s| s.position <= summary.position);
-            post.insert(at, summary);
-        }
+    if in_order {
+        post.extend(pending);
     } else {
+        if pending.is_none()
+            && let Some(summary) = summary
+        {
+            post.retain(|s| !std::ptr::eq(*s, summary));
+        }
         post.extend(summary);
         post.sort_by_key(|s| s.position);
     }
@@ -1102,6 +1143,62 @@ mod tests {
         ];
         for p in &plans {
             assert_eq!(apply(&live, p), plain_apply(&live, p), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn apply_places_the_summary_as_the_sort_did_on_random_contexts() {
+        let mut x = 0x853c_49e6_748f_ea9b_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for round in 0..3_000 {
+            let len = next(10);
+            // In prompt order, or (a context changed outside the session's
+            // own operations) positions out of order and shared.
+            let shuffled = round % 2 == 1;
+            let live: Vec<Span> = (1..=len)
+                .map(|id| {
+                    let mut s = filler(id, id, 1);
+                    if shuffled {
+                        s.position = next(6);
+                    }
+                    s
+                })
+                .collect();
+            let evicted: Vec<Eviction> = (1..=len)
+                .filter(|_| next(3) == 0)
+                .map(|id| Eviction {
+                    span_id: id,
+                    relevance: 0.0,
+                    reason: EvictionReason::Budget,
+                    tokens: 1,
+                })
+                .collect();
+            let summary = (next(4) != 0).then(|| {
+                let mut m = filler(100, 13, 1);
+                m.position = next(len + 2);
+                m
+            });
+            let p = Plan {
+                evicted,
+                summary,
+                compressed: Vec::new(),
+                tokens_before: 0,
+                tokens_after: 0,
+                incoming_tokens: 0,
+                target_tokens: 0,
+                anchors_carried: 0,
+                anchors_dropped: 0,
+            };
+            assert_eq!(
+                apply(&live, &p),
+                plain_apply(&live, &p),
+                "round {round}: {p:?}"
+            );
         }
     }
 }

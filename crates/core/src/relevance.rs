@@ -139,15 +139,26 @@ fn blend(
     // once.
     let recency_memo: Vec<f64> = (0..MEMO).map(|a| recency(a as u64)).collect();
     let length_memo: Vec<f64> = (0..MEMO).map(|t| length(t as u32)).collect();
-    spans
-        .iter()
-        .zip(similarity)
-        .map(|(span, s)| {
+    // Each similarity becomes its span's score where it stands.
+    let mut scores = similarity;
+    let mut last_old: Option<(u64, f64)> = None;
+    for (span, slot) in spans.iter().zip(scores.iter_mut()) {
+        let s = *slot;
+        *slot = {
             let age = current_turn.saturating_sub(span.turn);
-            let r = usize::try_from(age)
-                .ok()
-                .and_then(|a| recency_memo.get(a).copied())
-                .unwrap_or_else(|| recency(age));
+            // Spans of one turn stand together: an older age than the
+            // memo holds is computed once per run of them.
+            let r = match usize::try_from(age).ok().and_then(|a| recency_memo.get(a)) {
+                Some(&r) => r,
+                None => match last_old {
+                    Some((a, r)) if a == age => r,
+                    _ => {
+                        let r = recency(age);
+                        last_old = Some((age, r));
+                        r
+                    }
+                },
+            };
             let l = length_memo
                 .get(span.tokens as usize)
                 .copied()
@@ -166,8 +177,9 @@ fn blend(
             } else {
                 0.0
             }
-        })
-        .collect()
+        };
+    }
+    scores
 }
 
 fn sane(w: f64) -> f64 {

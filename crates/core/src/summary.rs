@@ -25,8 +25,10 @@
 //! Within a rank the longest goes first (so that as many as possible
 //! survive), and among equally long ones the newest.
 
+use std::borrow::Cow;
+
 use crate::classify::is_word_char;
-use crate::fasthash::{self, FastSet};
+use crate::fasthash::{self, FastMap, FastSet};
 use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{
     OwedAnchors, chunk_is_anchor, chunks, cut_chars, is_error_line, is_file_name,
@@ -489,35 +491,55 @@ fn choose_sentences(
 /// equally salient sentences differently, and make the same plan come out
 /// with another summary when it is re-derived to be committed.
 fn score_sentences(candidates: &mut [Candidate]) {
-    let words: Vec<Vec<String>> = candidates
+    // A word already in lower case is borrowed, not copied: the same
+    // words, compared and sorted the same.
+    fn lower(w: &str) -> Cow<'_, str> {
+        if w.is_ascii() && !w.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Borrowed(w)
+        } else {
+            Cow::Owned(w.to_lowercase())
+        }
+    }
+    let words: Vec<Vec<Cow<'_, str>>> = candidates
         .iter()
         .map(|c| {
-            let mut words: Vec<String> = c
+            let mut words: Vec<Cow<'_, str>> = c
                 .text
                 .split(|ch: char| !is_word_char(ch))
                 .filter(|w| w.chars().count() >= 4)
-                .map(str::to_lowercase)
+                .map(lower)
                 .collect();
             words.sort_unstable();
             words.dedup();
             words
         })
         .collect();
-    let mut df: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    // Looked up once per word: the fast hasher (the sums are taken in
+    // each sentence's sorted order, so the table's order does not matter).
+    let mut df: FastMap<&str, u32> = fasthash::map(words.iter().map(Vec::len).sum());
     for set in &words {
         for w in set {
-            *df.entry(w.as_str()).or_insert(0) += 1;
+            *df.entry(w.as_ref()).or_insert(0) += 1;
         }
     }
-    for (c, set) in candidates.iter_mut().zip(&words) {
-        let shared: f64 = set
-            .iter()
-            .map(|w| f64::from(df.get(w.as_str()).copied().unwrap_or(1) - 1).ln_1p())
-            .sum();
-        let n = c.text.split_whitespace().count() as f64;
-        let code = chunks(&c.text).filter(|(_, w)| chunk_is_anchor(w)).count() as f64;
-        let opening = if c.at.1 == 0 { 0.5 } else { 0.0 };
-        c.score = shared / (n + 1.0).sqrt() + code + opening;
+    let scores: Vec<f64> = candidates
+        .iter()
+        .zip(&words)
+        .map(|(c, set)| {
+            let shared: f64 = set
+                .iter()
+                .map(|w| f64::from(df.get(w.as_ref()).copied().unwrap_or(1) - 1).ln_1p())
+                .sum();
+            let n = c.text.split_whitespace().count() as f64;
+            let code = chunks(&c.text).filter(|(_, w)| chunk_is_anchor(w)).count() as f64;
+            let opening = if c.at.1 == 0 { 0.5 } else { 0.0 };
+            shared / (n + 1.0).sqrt() + code + opening
+        })
+        .collect();
+    drop(df);
+    drop(words);
+    for (c, score) in candidates.iter_mut().zip(scores) {
+        c.score = score;
     }
 }
 

@@ -46,7 +46,12 @@ impl Session {
         let summary = plan.summary.clone();
         let turn = committing.turn.unwrap_or_default();
         let admitted = !turn.is_empty() || committing.trigger == CompactionTrigger::HardBudget;
-        let mut record = self.content_record(post.iter().copied().chain(&turn), now_ms);
+        // The record's counters: post's, counted once above, and the turn's.
+        let mut record = self.record.clone();
+        compacted.write_to(&mut record);
+        Totals::of(&turn).add_to(&mut record);
+        record.revision += 1;
+        record.updated_at_ms = now_ms;
         if admitted {
             record.turns += 1;
             record.next_span_id += turn.len() as u64;

@@ -124,44 +124,84 @@ pub(super) fn check_forms<'p>(
     forms
 }
 
+/// Walks the expected (position, id) list beside post: its length, the
+/// first index where post differs from it (a post shorter or longer
+/// differs where the shorter ends), and the expected id at that index.
+fn first_difference<I: Iterator<Item = (u64, SpanId)>>(
+    expected: impl Fn() -> I,
+    post: &[&Span],
+) -> (usize, Option<usize>, Option<SpanId>) {
+    let mut len = 0;
+    let mut differs_at = None;
+    for (at, (position, id)) in expected().enumerate() {
+        len += 1;
+        if differs_at.is_none()
+            && !post
+                .get(at)
+                .is_some_and(|s| s.position == position && s.id == id)
+        {
+            differs_at = Some(at);
+        }
+    }
+    if differs_at.is_none() && post.len() != len {
+        differs_at = Some(len.min(post.len()));
+    }
+    let id = differs_at
+        .and_then(|at| expected().nth(at))
+        .map(|(_, id)| id);
+    (len, differs_at, id)
+}
+
 /// The post-state must be exactly what the plan makes of the pre-state,
 /// with positions strictly increasing.
 pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post: &[&Span]) {
-    let mut expected: Vec<(u64, SpanId)> = pre
-        .spans
-        .iter()
-        .zip(&pre.is_evicted)
-        .filter(|&(_, &gone)| !gone)
-        .map(|(s, _)| (s.position, s.id))
-        .collect();
-    // Pre is in prompt order, so this is sorted but for the summary: find
-    // its place rather than sort (the same list either way, as the
-    // entries are totally ordered).
-    let sorted = expected.windows(2).all(|w| w[0] < w[1]);
-    if let Some(s) = &plan.summary {
-        let entry = (s.position, s.id);
-        if sorted {
-            let at = expected.partition_point(|e| *e < entry);
-            expected.insert(at, entry);
-        } else {
-            expected.push(entry);
-        }
-    }
-    if !sorted {
-        expected.sort_unstable();
-    }
-    let differs_at = expected
-        .iter()
-        .zip(post)
-        .position(|(&(position, id), s)| s.position != position || s.id != id)
-        .or((expected.len() != post.len()).then(|| expected.len().min(post.len())));
+    // What post must be, by (position, id): the spans pre keeps, with the
+    // summary's entry, in order.
+    let kept = || {
+        pre.spans
+            .iter()
+            .zip(&pre.is_evicted)
+            .filter(|&(_, &gone)| !gone)
+            .map(|(s, _)| (s.position, s.id))
+    };
+    let summary = plan.summary.as_ref().map(|s| (s.position, s.id));
+    // Pre is in prompt order, so the kept entries are sorted: the summary's
+    // entry then goes before the first one above it, read in one walk
+    // beside post, with nothing copied. Otherwise they are sorted first
+    // (the same list either way, as the entries are totally ordered).
+    let mut previous = None;
+    let sorted = kept().all(|e| {
+        let ascending = previous.is_none_or(|p| p < e);
+        previous = Some(e);
+        ascending
+    });
+    let expected: Vec<(u64, SpanId)> = if sorted {
+        Vec::new()
+    } else {
+        let mut all: Vec<(u64, SpanId)> = kept().chain(summary).collect();
+        all.sort_unstable();
+        all
+    };
+    let merged = || {
+        let mut rest = summary;
+        let mut kept = kept().peekable();
+        std::iter::from_fn(move || match (rest, kept.peek()) {
+            (Some(m), Some(&e)) if m < e => rest.take(),
+            (Some(_), None) => rest.take(),
+            _ => kept.next(),
+        })
+    };
+    let (expected_len, differs_at, expected_id) = if sorted {
+        first_difference(merged, post)
+    } else {
+        first_difference(|| expected.iter().copied(), post)
+    };
     if let Some(at) = differs_at {
         v.push(
             ViolationKind::PlanInconsistent,
-            post.get(at).map(|s| s.id).or(expected.get(at).map(|&(_, id)| id)),
+            post.get(at).map(|s| s.id).or(expected_id),
             format!(
-                "post-compaction context does not follow from the plan: {} spans expected, {} given, first difference at index {at}",
-                expected.len(),
+                "post-compaction context does not follow from the plan: {expected_len} spans expected, {} given, first difference at index {at}",
                 post.len()
             ),
         );
@@ -175,5 +215,159 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
                 w[1].id, w[1].position, w[0].id, w[0].position
             ),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Eviction, EvictionReason};
+    use crate::span::Role;
+
+    /// The check as it was first written: the expected list copied out,
+    /// the summary inserted into it, then compared with post.
+    fn check_post_order_by_copy(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post: &[&Span]) {
+        let mut expected: Vec<(u64, SpanId)> = pre
+            .spans
+            .iter()
+            .zip(&pre.is_evicted)
+            .filter(|&(_, &gone)| !gone)
+            .map(|(s, _)| (s.position, s.id))
+            .collect();
+        let sorted = expected.windows(2).all(|w| w[0] < w[1]);
+        if let Some(s) = &plan.summary {
+            let entry = (s.position, s.id);
+            if sorted {
+                let at = expected.partition_point(|e| *e < entry);
+                expected.insert(at, entry);
+            } else {
+                expected.push(entry);
+            }
+        }
+        if !sorted {
+            expected.sort_unstable();
+        }
+        let differs_at = expected
+            .iter()
+            .zip(post)
+            .position(|(&(position, id), s)| s.position != position || s.id != id)
+            .or((expected.len() != post.len()).then(|| expected.len().min(post.len())));
+        if let Some(at) = differs_at {
+            v.push(
+                ViolationKind::PlanInconsistent,
+                post.get(at).map(|s| s.id).or(expected.get(at).map(|&(_, id)| id)),
+                format!(
+                    "post-compaction context does not follow from the plan: {} spans expected, {} given, first difference at index {at}",
+                    expected.len(),
+                    post.len()
+                ),
+            );
+        }
+        if let Some(w) = post.windows(2).find(|w| w[0].position >= w[1].position) {
+            v.push(
+                ViolationKind::PlanInconsistent,
+                Some(w[1].id),
+                format!(
+                    "positions are not strictly increasing: span {} at {} follows span {} at {}",
+                    w[1].id, w[1].position, w[0].id, w[0].position
+                ),
+            );
+        }
+    }
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    #[test]
+    fn the_post_order_walk_reports_what_the_copied_list_does() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for round in 0..4_000 {
+            let len = rng.below(12) as usize;
+            // Mostly in prompt order; sometimes shuffled, with repeats.
+            let mut pre: Vec<Span> = (0..len as u64)
+                .map(|k| crate::testing::admitted(k + 1, 1, Role::Tool, "x"))
+                .collect();
+            if round % 3 == 0 {
+                for s in &mut pre {
+                    s.position = rng.below(8);
+                    if rng.below(4) == 0 {
+                        s.id = rng.below(6);
+                    }
+                }
+            }
+            let is_evicted: Vec<bool> = pre.iter().map(|_| rng.below(3) == 0).collect();
+            let mut plan = Plan {
+                evicted: Vec::new(),
+                summary: None,
+                compressed: Vec::new(),
+                tokens_before: 0,
+                tokens_after: 0,
+                incoming_tokens: 0,
+                target_tokens: 0,
+                anchors_carried: 0,
+                anchors_dropped: 0,
+            };
+            plan.evicted = pre
+                .iter()
+                .zip(&is_evicted)
+                .filter(|&(_, &gone)| gone)
+                .map(|(s, _)| Eviction {
+                    span_id: s.id,
+                    relevance: 0.0,
+                    reason: EvictionReason::Budget,
+                    tokens: s.tokens,
+                })
+                .collect();
+            let mut summary = crate::testing::admitted(100 + rng.below(3), 1, Role::System, "s");
+            summary.position = rng.below(len as u64 + 2);
+            if rng.below(4) != 0 {
+                plan.summary = Some(summary.clone());
+            }
+            // Post: what the plan makes of pre, then perhaps broken.
+            let mut post: Vec<&Span> = pre
+                .iter()
+                .zip(&is_evicted)
+                .filter(|&(_, &gone)| !gone)
+                .map(|(s, _)| s)
+                .collect();
+            if let Some(m) = &plan.summary {
+                let at = post.partition_point(|s| s.position <= m.position);
+                post.insert(at, m);
+            }
+            match rng.below(5) {
+                0 if !post.is_empty() => {
+                    let at = rng.below(post.len() as u64) as usize;
+                    post.remove(at);
+                }
+                1 => post.push(&summary),
+                2 if post.len() > 1 => {
+                    let last = post.len() - 1;
+                    post.swap(0, last);
+                }
+                3 => post.clear(),
+                _ => {}
+            }
+            let pre = Pre {
+                index: crate::verify::index::PreIndex::new(&pre),
+                spans: &pre,
+                is_evicted,
+            };
+            let (mut walked, mut copied) = (Report::default(), Report::default());
+            check_post_order(&mut walked, &pre, &plan, &post);
+            check_post_order_by_copy(&mut copied, &pre, &plan, &post);
+            assert_eq!(walked.violations, copied.violations, "round {round}");
+        }
     }
 }
