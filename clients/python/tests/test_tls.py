@@ -108,6 +108,21 @@ def pki(tmp_path: Path) -> tuple[Authority, Authority]:
     return Authority(tmp_path, "ctxbroker-test-ca"), Authority(tmp_path, "stranger-ca")
 
 
+def mutual_tls_daemon(ca: Authority, client: str) -> tuple[LocalDaemon, Tls]:
+    """A daemon serving TLS that asks for client certificates from ``ca``
+    (not started), and the TLS settings of a client named ``client`` that
+    holds one."""
+    cert, key = ca.issue("daemon", server=True)
+    client_cert, client_key = ca.issue(client, server=False)
+    tls = Tls(ca_file=ca.ca_file, cert_file=client_cert, key_file=client_key)
+    daemon = LocalDaemon(
+        find_binary(REPO),
+        args=["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.ca_file],
+        tls=tls,
+    )
+    return daemon, tls
+
+
 def test_the_client_speaks_tls_with_the_right_ca_and_not_with_another(pki) -> None:
     ca, stranger = pki
     cert, key = ca.issue("daemon", server=True)
@@ -136,15 +151,9 @@ def test_the_client_speaks_tls_with_the_right_ca_and_not_with_another(pki) -> No
 
 def test_a_daemon_that_asks_for_client_certificates_serves_only_clients_with_one(pki) -> None:
     ca, stranger = pki
-    cert, key = ca.issue("daemon", server=True)
-    agent_cert, agent_key = ca.issue("agent", server=False)
     other_cert, other_key = stranger.issue("intruder", server=False)
-    with_cert = Tls(ca_file=ca.ca_file, cert_file=agent_cert, key_file=agent_key)
-    with LocalDaemon(
-        find_binary(REPO),
-        args=["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.ca_file],
-        tls=with_cert,
-    ) as daemon:
+    daemon, with_cert = mutual_tls_daemon(ca, "agent")
+    with daemon:
         with Broker(daemon.address, tls=with_cert, timeout=10) as broker:
             assert broker.server_info().version
         for refused_tls in (
@@ -161,14 +170,8 @@ def test_the_node_watcher_reads_markers_over_tls_with_a_client_certificate(pki) 
     node = shutil.which("node")
     assert node, "node is needed for the cross-language test"
     ca, _ = pki
-    cert, key = ca.issue("daemon", server=True)
-    agent_cert, agent_key = ca.issue("watcher", server=False)
-    with_cert = Tls(ca_file=ca.ca_file, cert_file=agent_cert, key_file=agent_key)
-    with LocalDaemon(
-        find_binary(REPO),
-        args=["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.ca_file],
-        tls=with_cert,
-    ) as daemon:
+    daemon, with_cert = mutual_tls_daemon(ca, "watcher")
+    with daemon:
         with Broker(daemon.address, tls=with_cert, timeout=10) as broker:
             small_session(broker, "watched")
             markers = admit_tools(broker, "watched", range(6))
@@ -182,9 +185,9 @@ def test_the_node_watcher_reads_markers_over_tls_with_a_client_certificate(pki) 
                 "--tls-ca",
                 ca.ca_file,
                 "--tls-cert",
-                agent_cert,
+                str(with_cert.cert_file),
                 "--tls-key",
-                agent_key,
+                str(with_cert.key_file),
                 "--from-seq",
                 "1",
                 "--until-seq",
@@ -203,14 +206,8 @@ def test_grpcurl_speaks_tls_with_a_client_certificate(pki) -> None:
     grpcurl = shutil.which("grpcurl")
     assert grpcurl, "grpcurl is needed (.ci/clients.sh installs it)"
     ca, _ = pki
-    cert, key = ca.issue("daemon", server=True)
-    agent_cert, agent_key = ca.issue("operator", server=False)
-    with_cert = Tls(ca_file=ca.ca_file, cert_file=agent_cert, key_file=agent_key)
-    with LocalDaemon(
-        find_binary(REPO),
-        args=["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.ca_file],
-        tls=with_cert,
-    ) as daemon:
+    daemon, with_cert = mutual_tls_daemon(ca, "operator")
+    with daemon:
 
         def call(*tls_flags: str) -> subprocess.CompletedProcess:
             return subprocess.run(
@@ -225,7 +222,9 @@ def test_grpcurl_speaks_tls_with_a_client_certificate(pki) -> None:
                 timeout=60,
             )
 
-        answered = call("-cacert", ca.ca_file, "-cert", agent_cert, "-key", agent_key)
+        answered = call(
+            "-cacert", ca.ca_file, "-cert", str(with_cert.cert_file), "-key", str(with_cert.key_file)
+        )
         assert answered.returncode == 0, answered.stderr
         assert json.loads(answered.stdout)["version"]
         refused = call("-cacert", ca.ca_file)
