@@ -138,6 +138,27 @@ fn each_bad_key_is_named_and_the_check_fails() {
 }
 
 #[test]
+fn the_check_reads_the_tls_files_as_the_start_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let not_a_key = write(dir.path(), "key.pem", "not a key\n");
+    let path = write(
+        dir.path(),
+        "tls.toml",
+        &format!(
+            "tls_cert = {:?}\ntls_key = {:?}\n",
+            missing.display().to_string(),
+            not_a_key.display().to_string()
+        ),
+    );
+    let (code, stdout, stderr) = check(&path);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stderr.contains("tls_cert"), "{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    assert!(!stdout.contains("valid"), "{stdout}");
+}
+
+#[test]
 fn the_environment_and_flags_apply_to_the_check_as_to_serving() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

@@ -281,11 +281,18 @@ fn private_new_files() {
 fn private_new_files() {}
 
 /// `ctxbrokerd check-config FILE`: the settings the daemon would run with,
-/// as TOML on stdout (exit 0), or every problem on stderr (exit 1).
+/// as TOML on stdout (exit 0), or every problem on stderr (exit 1). The TLS
+/// files are read and checked as the start would.
 fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
     cli.config = Some(file.clone());
     match cli.resolve() {
         Ok(settings) => {
+            if let Some(files) = TlsFiles::from_settings(&settings.tls)
+                && let Err(err) = Tls::load(files)
+            {
+                eprintln!("ctxbrokerd: {}: {err}", file.display());
+                return ExitCode::FAILURE;
+            }
             println!(
                 "# {}: valid. The settings in force with it:",
                 file.display()
