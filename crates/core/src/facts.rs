@@ -463,17 +463,7 @@ mod tests {
     use crate::tokens::{ByteLength, TokenCounter};
     use crate::verify::{verify, verify_with};
 
-    /// A small xorshift generator: every run makes the same session.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 % n as u64) as usize
-        }
-    }
+    use crate::testing::Rng;
 
     const WORDS: &[&str] = &[
         "deploy",
@@ -505,21 +495,21 @@ mod tests {
     ];
 
     fn text(rng: &mut Rng) -> String {
-        let n = 1 + rng.below(24);
+        let n = 1 + rng.index(24);
         let mut out = String::new();
         for k in 0..n {
             if k > 0 {
-                out.push_str(if rng.below(6) == 0 { "\n" } else { " " });
+                out.push_str(if rng.index(6) == 0 { "\n" } else { " " });
             }
-            out.push_str(WORDS[rng.below(WORDS.len())]);
+            out.push_str(WORDS[rng.index(WORDS.len())]);
         }
         out
     }
 
     fn incoming(rng: &mut Rng) -> Incoming {
         let text = text(rng);
-        let constraint = rng.below(8) == 0;
-        let (role, class) = match rng.below(4) {
+        let constraint = rng.index(8) == 0;
+        let (role, class) = match rng.index(4) {
             0 if constraint => (Role::User, SpanClass::Constraint),
             0 => (Role::User, SpanClass::Narrative),
             1 => (Role::Assistant, SpanClass::Narrative),
@@ -535,7 +525,7 @@ mod tests {
             },
             text,
             predicate: None,
-            relevance_hint: (rng.below(5) == 0).then(|| rng.below(100) as f64 / 100.0),
+            relevance_hint: (rng.index(5) == 0).then(|| rng.index(100) as f64 / 100.0),
             unclassified: false,
         }
     }
@@ -651,11 +641,11 @@ mod tests {
         let mut compactions = 0;
         for step in 0..400 {
             let now = 10 + step as u64;
-            match rng.below(10) {
+            match rng.index(10) {
                 // Evict a few spans outright.
                 0 if !session.spans.is_empty() => {
-                    let evict: Vec<SpanId> = (0..1 + rng.below(3))
-                        .map(|_| session.spans[rng.below(session.spans.len())].id)
+                    let evict: Vec<SpanId> = (0..1 + rng.index(3))
+                        .map(|_| session.spans[rng.index(session.spans.len())].id)
                         .collect();
                     let change = edit(&session, evict, Vec::new());
                     session.apply(&change);
@@ -663,7 +653,7 @@ mod tests {
                 }
                 // Rewrite a span in place, as a compressed form is.
                 1 if !session.spans.is_empty() => {
-                    let mut span = session.spans[rng.below(session.spans.len())].clone();
+                    let mut span = session.spans[rng.index(session.spans.len())].clone();
                     span.text = text(&mut rng);
                     span.tokens = ByteLength.count(&span.text);
                     let change = edit(&session, Vec::new(), vec![span]);
@@ -672,7 +662,7 @@ mod tests {
                 }
                 _ => {
                     let turn: Vec<Incoming> =
-                        (0..1 + rng.below(3)).map(|_| incoming(&mut rng)).collect();
+                        (0..1 + rng.index(3)).map(|_| incoming(&mut rng)).collect();
                     if let Ok(change) = session.admit(turn, now, &ByteLength) {
                         compactions += usize::from(change.summary.is_some());
                         session.apply(&change);

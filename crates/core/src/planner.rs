@@ -1033,13 +1033,8 @@ mod tests {
     /// read first and however far.
     #[test]
     fn the_lazy_order_is_the_sorted_order() {
-        let mut x = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
+        let mut rng = crate::testing::Rng(0x2545_f491_4f6c_dd1d_u64);
+        let mut next = |n: u64| rng.below(n);
         for len in [0usize, 1, 5, 1_000, 1_025, 5_000] {
             let keys: Vec<(u64, u64, usize)> =
                 (0..len).map(|i| (next(50), next(1_000), i)).collect();
@@ -1148,13 +1143,8 @@ mod tests {
 
     #[test]
     fn apply_places_the_summary_as_the_sort_did_on_random_contexts() {
-        let mut x = 0x853c_49e6_748f_ea9b_u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n.max(1)
-        };
+        let mut rng = crate::testing::Rng(0x853c_49e6_748f_ea9b_u64);
+        let mut next = |n: u64| rng.below(n);
         for round in 0..3_000 {
             let len = next(10);
             // In prompt order, or (a context changed outside the session's

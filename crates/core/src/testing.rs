@@ -26,3 +26,27 @@ pub(crate) fn admitted(id: u64, turn: u64, role: Role, text: &str) -> Span {
         original: None,
     }
 }
+
+/// A small xorshift generator for tests that draw random cases: the same
+/// seed makes the same cases on every run.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// The next number.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// An index below `n` (0 when `n` is 0).
+    pub(crate) fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+}
