@@ -1110,18 +1110,7 @@ mod tests {
         };
         let mut summary = filler(50, 13, 1);
         summary.position = 3;
-        // A plan with these parts and every count zero.
-        let plan = |evicted, summary, compressed| Plan {
-            evicted,
-            summary,
-            compressed,
-            tokens_before: 0,
-            tokens_after: 0,
-            incoming_tokens: 0,
-            target_tokens: 0,
-            anchors_carried: 0,
-            anchors_dropped: 0,
-        };
+        let plan = crate::testing::plan;
         let plans = [
             plan(
                 vec![eviction(3), eviction(4), eviction(9)],
@@ -1173,17 +1162,7 @@ mod tests {
                 m.position = next(len + 2);
                 m
             });
-            let p = Plan {
-                evicted,
-                summary,
-                compressed: Vec::new(),
-                tokens_before: 0,
-                tokens_after: 0,
-                incoming_tokens: 0,
-                target_tokens: 0,
-                anchors_carried: 0,
-                anchors_dropped: 0,
-            };
+            let p = crate::testing::plan(evicted, summary, Vec::new());
             assert_eq!(
                 apply(&live, &p),
                 plain_apply(&live, &p),

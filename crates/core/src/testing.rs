@@ -1,6 +1,7 @@
 //! Builders shared by the unit tests of several modules.
 
 use crate::classify::classify;
+use crate::plan::{CompressedForm, Eviction, Plan};
 use crate::predicate::derive;
 use crate::span::{Role, Span, SpanClass};
 use crate::tokens::{ByteLength, TokenCounter};
@@ -48,5 +49,24 @@ impl Rng {
     /// An index below `n` (0 when `n` is 0).
     pub(crate) fn index(&mut self, n: usize) -> usize {
         self.below(n as u64) as usize
+    }
+}
+
+/// A plan with these parts and every count zero.
+pub(crate) fn plan(
+    evicted: Vec<Eviction>,
+    summary: Option<Span>,
+    compressed: Vec<CompressedForm>,
+) -> Plan {
+    Plan {
+        evicted,
+        summary,
+        compressed,
+        tokens_before: 0,
+        tokens_after: 0,
+        incoming_tokens: 0,
+        target_tokens: 0,
+        anchors_carried: 0,
+        anchors_dropped: 0,
     }
 }
