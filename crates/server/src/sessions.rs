@@ -256,7 +256,8 @@ impl Registry {
     /// session was not in memory before this turn and has not earned a
     /// place over the idle session it would displace (see the module
     /// documentation): the caller then drops it with
-    /// [`Registry::drop_unadmitted`] once its turn is released.
+    /// [`Registry::remove_unused`] once its turn is released (a request
+    /// waiting for it keeps it).
     fn release(&mut self, id: &str, slot: &Slot, bytes: u64, budget: u64) -> bool {
         let used = self.next_tick();
         let resident = self.entries.len();
@@ -303,13 +304,6 @@ impl Registry {
             Some(victim) => self.uses.count(id) > self.uses.count(victim),
             None => true,
         }
-    }
-
-    /// Drops `id`'s session, not admitted at the end of its turn, when it
-    /// is still `slot` and nobody but the caller (who holds `slot`) and
-    /// the registry refers to it; a request waiting for it keeps it.
-    fn drop_unadmitted(&mut self, id: &str, slot: &Slot) {
-        self.remove_unused(id, slot);
     }
 
     /// Drops idle sessions, least recently used first, until the resident
@@ -441,7 +435,7 @@ impl Release {
 impl Drop for Release {
     fn drop(&mut self) {
         if self.unadmitted {
-            lock(&self.registry).drop_unadmitted(&self.id, &self.slot);
+            lock(&self.registry).remove_unused(&self.id, &self.slot);
         }
     }
 }
@@ -764,7 +758,7 @@ mod tests {
             .get(id)
             .is_some_and(|entry| entry.bytes > 0);
         if registry.release(id, &slot, bytes, budget) {
-            registry.drop_unadmitted(id, &slot);
+            registry.remove_unused(id, &slot);
         }
         hit
     }
@@ -849,13 +843,13 @@ mod tests {
             registry.release("late", &slot, 100, 200),
             "a cold session was admitted"
         );
-        registry.drop_unadmitted("late", &slot);
+        registry.remove_unused("late", &slot);
         assert!(
             registry.entries.get("late").is_some_and(|e| e.bytes == 100),
             "dropped while a request waited for it"
         );
         drop(waiting);
-        registry.drop_unadmitted("late", &slot);
+        registry.remove_unused("late", &slot);
         assert!(!registry.entries.contains_key("late"));
         assert_eq!(registry.bytes, 200);
     }
