@@ -18,6 +18,7 @@ pub mod search;
 pub mod server;
 pub mod service;
 pub mod sessions;
+pub mod tenant;
 pub mod socket;
 pub mod tls;
 pub mod transfer;
