@@ -51,6 +51,10 @@ pub mod reason {
     pub const NOT_IMPLEMENTED: &str = "NOT_IMPLEMENTED";
     /// The server is shutting down; retry elsewhere or later.
     pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+    /// No credentials, or unknown ones.
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    /// The caller's role does not allow the RPC.
+    pub const PERMISSION_DENIED: &str = "PERMISSION_DENIED";
     /// A stored record failed its checksum or did not decode.
     pub const CORRUPT_RECORD: &str = "CORRUPT_RECORD";
     /// The storage engine failed.
@@ -253,6 +257,20 @@ pub enum ApiError {
         rpc: &'static str,
         /// What is missing.
         missing: &'static str,
+    },
+    /// The request carries no credentials, or credentials no token file
+    /// entry matches.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller's role does not allow the RPC.
+    #[error("permission denied: {detail}")]
+    PermissionDenied {
+        /// The caller's role.
+        role: &'static str,
+        /// The RPC refused.
+        rpc: String,
+        /// What is wrong.
+        detail: String,
     },
     /// The server is shutting down. `resume_from_seq` tells a watcher where
     /// to resume.
@@ -465,6 +483,12 @@ impl ApiError {
             ApiError::NotImplemented { rpc, .. } => {
                 metadata.insert("rpc".into(), (*rpc).to_owned());
                 (Code::Unimplemented, reason::NOT_IMPLEMENTED)
+            }
+            ApiError::Unauthenticated(_) => (Code::Unauthenticated, reason::UNAUTHENTICATED),
+            ApiError::PermissionDenied { role, rpc, .. } => {
+                metadata.insert("role".into(), (*role).to_owned());
+                metadata.insert("rpc".into(), rpc.clone());
+                (Code::PermissionDenied, reason::PERMISSION_DENIED)
             }
             ApiError::ShuttingDown { resume_from_seq } => {
                 if let Some(seq) = resume_from_seq {

@@ -25,6 +25,7 @@ use crate::error::{ApiError, BadField};
 use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
 use crate::metrics::Metrics;
 use crate::search;
+use crate::tenant::Caller;
 use crate::validate;
 
 /// Replies buffered per stream before the stream's task waits for the
@@ -49,6 +50,10 @@ pub struct BrokerService {
     /// Where admissions and watches are counted; nowhere until
     /// [`BrokerService::with_metrics`].
     metrics: Option<Arc<Metrics>>,
+    /// Whether a request must carry a [`Caller`] (put there by the
+    /// authentication layer); without one it is refused. When false, a
+    /// request without one is served as [`Caller::open`].
+    caller_required: bool,
 }
 
 impl BrokerService {
@@ -70,6 +75,26 @@ impl BrokerService {
             started_at_ms: now_ms(),
             durability,
             metrics: None,
+            caller_required: false,
+        }
+    }
+
+    /// Refuses every request that does not carry a [`Caller`]: set when
+    /// authentication is on, so that a request that did not pass through
+    /// the authentication layer is never served as an operator.
+    pub fn require_caller(mut self) -> Self {
+        self.caller_required = true;
+        self
+    }
+
+    /// The caller of a request, as the authentication layer found it.
+    pub fn caller<T>(&self, request: &Request<T>) -> Result<Caller, ApiError> {
+        match request.extensions().get::<Caller>() {
+            Some(caller) => Ok(caller.clone()),
+            None if !self.caller_required => Ok(Caller::open()),
+            None => Err(ApiError::Unauthenticated(
+                "no credentials: send `authorization: Bearer <token>`".to_owned(),
+            )),
         }
     }
 
