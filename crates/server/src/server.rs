@@ -21,6 +21,7 @@ use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
 use crate::BuildInfo;
+use crate::audit::{self, AuditLog};
 use crate::broker::Broker;
 use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, MemoryShares, Settings};
 use crate::hub::Hub;
@@ -537,8 +538,15 @@ pub async fn run_with(
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
     let streams_end = CancellationToken::new();
     let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
+    let audit = AuditLog::open(&settings.data_dir).map_err(|err| {
+        ServerError::Store(ctxbroker_store::StoreError::Io(format!(
+            "cannot open the audit log {}: {err}",
+            settings.data_dir.join(audit::FILE_NAME).display()
+        )))
+    })?;
     let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability)
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_audit(Arc::new(audit));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health

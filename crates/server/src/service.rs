@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span, debug, instrument};
 
 use crate::BuildInfo;
+use crate::audit::{Action, AuditLog, Entry};
 use crate::broker::{Admitted, SharedBroker, now_ms};
 use crate::config::Durability;
 use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb};
@@ -54,6 +55,9 @@ pub struct BrokerService {
     /// authentication layer); without one it is refused. When false, a
     /// request without one is served as [`Caller::open`].
     caller_required: bool,
+    /// Where pins, unpins, approvals, deletions, exports and imports are
+    /// recorded; nowhere until [`BrokerService::with_audit`].
+    audit: Option<Arc<AuditLog>>,
 }
 
 impl BrokerService {
@@ -76,7 +80,36 @@ impl BrokerService {
             durability,
             metrics: None,
             caller_required: false,
+            audit: None,
         }
+    }
+
+    /// Records the audited actions in `log`.
+    pub fn with_audit(mut self, log: Arc<AuditLog>) -> Self {
+        self.audit = Some(log);
+        self
+    }
+
+    /// Records an audited action and how it ended; not a request refused
+    /// as malformed (it named nothing the log could hold).
+    async fn audit<T, E: Refusal>(
+        &self,
+        caller: &Caller,
+        action: Action,
+        session_id: &str,
+        result: &Result<T, E>,
+        detail: impl FnOnce(&T) -> String,
+    ) {
+        let Some(log) = &self.audit else {
+            return;
+        };
+        let (refused, detail) = match result {
+            Ok(reply) => (None, detail(reply)),
+            Err(err) if err.code() == tonic::Code::InvalidArgument => return,
+            Err(err) => (Some(err.code()), String::new()),
+        };
+        log.record(Entry::new(caller, action, session_id, refused, detail))
+            .await;
     }
 
     /// Refuses every request that does not carry a [`Caller`]: set when
@@ -358,13 +391,35 @@ impl tokio_stream::Stream for WatchStream {
     }
 }
 
+/// An error's gRPC code, whichever form the handler has it in.
+trait Refusal {
+    fn code(&self) -> tonic::Code;
+}
+
+impl Refusal for ApiError {
+    fn code(&self) -> tonic::Code {
+        self.parts().code
+    }
+}
+
+impl Refusal for Status {
+    fn code(&self) -> tonic::Code {
+        Status::code(self)
+    }
+}
+
 /// Runs a handler's body as a caller in `scope`: any error names sessions
 /// by the ids the caller knows them by.
 async fn in_scope<T>(
     scope: &Scope,
     body: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<Response<T>, Status> {
-    match body.await {
+    respond(scope, body.await)
+}
+
+/// A handler's result as a caller in `scope` receives it.
+fn respond<T>(scope: &Scope, result: Result<T, ApiError>) -> Result<Response<T>, Status> {
+    match result {
         Ok(reply) => Ok(Response::new(reply)),
         Err(err) => Err(err.localized(scope).into()),
     }
@@ -497,14 +552,21 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
-        let scope = self.caller(&request)?.scope();
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        in_scope(&scope, async {
+        let result = async {
             let full = self.full_id(&scope, "session_id", &req.session_id)?;
             let spans_deleted = self.broker.delete_session(&full).await?;
             Ok(pb::DeleteSessionResponse { spans_deleted })
+        }
+        .await;
+        let full = scope.full_id(&req.session_id);
+        self.audit(&caller, Action::DeleteSession, &full, &result, |r| {
+            format!("{} spans deleted", r.spans_deleted)
         })
-        .await
+        .await;
+        respond(&scope, result)
     }
 
     async fn admit(
@@ -741,7 +803,9 @@ impl ContextBroker for BrokerService {
         let caller = self.caller(&request)?;
         let scope = caller.scope();
         let req = request.into_inner();
-        in_scope(&scope, async {
+        let full = scope.full_id(&req.session_id);
+        let planned = req.plan_id.clone();
+        let result = async {
             let limits = self.broker.limits();
             let mut bad = Vec::new();
             if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
@@ -797,8 +861,14 @@ impl ContextBroker for BrokerService {
                 totals: Some(totals_to_pb(&committed.record)),
                 revision: committed.record.revision,
             })
+        }
+        .await;
+        self.audit(&caller, Action::CommitCompaction, &full, &result, |r| {
+            let seq = r.marker.as_ref().map_or(0, |m| m.seq);
+            format!("plan {planned}, marker {seq}")
         })
-        .await
+        .await;
+        respond(&scope, result)
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -806,9 +876,12 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::PinRequest>,
     ) -> Result<Response<pb::PinResponse>, Status> {
-        let scope = self.caller(&request)?.scope();
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        in_scope(&scope, async {
+        let full = scope.full_id(&req.session_id);
+        let span_id = req.span_id;
+        let result = async {
             let full = self.full_id(&scope, "session_id", &req.session_id)?;
             let predicate = req.predicate.unwrap_or_default();
             let mut bad = Vec::new();
@@ -823,8 +896,13 @@ impl ContextBroker for BrokerService {
                     .first()
                     .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
             })
+        }
+        .await;
+        self.audit(&caller, Action::Pin, &full, &result, |_| {
+            format!("span {span_id}")
         })
-        .await
+        .await;
+        respond(&scope, result)
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -835,7 +913,9 @@ impl ContextBroker for BrokerService {
         let caller = self.caller(&request)?;
         let scope = caller.scope();
         let req = request.into_inner();
-        in_scope(&scope, async {
+        let full = scope.full_id(&req.session_id);
+        let (span_id, reason) = (req.span_id, req.reason.clone());
+        let result = async {
             let mut bad = Vec::new();
             if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
                 bad.push(b);
@@ -859,8 +939,14 @@ impl ContextBroker for BrokerService {
                     .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
                 marker: committed.marker.as_ref().map(|m| marker_in(m, &scope)),
             })
+        }
+        .await;
+        self.audit(&caller, Action::Unpin, &full, &result, |r| {
+            let seq = r.marker.as_ref().map_or(0, |m| m.seq);
+            format!("span {span_id}, marker {seq}, reason {reason:?}")
         })
-        .await
+        .await;
+        respond(&scope, result)
     }
 
     type WatchCompactionsStream = WatchStream;
@@ -988,8 +1074,15 @@ impl ContextBroker for BrokerService {
         request: Request<pb::ExportSessionRequest>,
     ) -> Result<Response<pb::ExportSessionResponse>, Status> {
         self.operator_only(&request, "ExportSession")?;
-        let reply = crate::transfer::export_session(&self.broker, request.into_inner()).await?;
-        Ok(Response::new(reply))
+        let caller = self.caller(&request)?;
+        let req = request.into_inner();
+        let id = req.session_id.clone();
+        let result = crate::transfer::export_session(&self.broker, req).await;
+        self.audit(&caller, Action::ExportSession, &id, &result, |r| {
+            format!("{} bytes", r.snapshot_bytes)
+        })
+        .await;
+        result.map(Response::new)
     }
 
     #[instrument(skip_all)]
@@ -998,8 +1091,23 @@ impl ContextBroker for BrokerService {
         request: Request<pb::ImportSessionRequest>,
     ) -> Result<Response<pb::ImportSessionResponse>, Status> {
         self.operator_only(&request, "ImportSession")?;
-        let reply = crate::transfer::import_session(&self.broker, request.into_inner()).await?;
-        Ok(Response::new(reply))
+        let caller = self.caller(&request)?;
+        let req = request.into_inner();
+        let id = req
+            .snapshot
+            .as_ref()
+            .map(|s| s.session_id.clone())
+            .unwrap_or_default();
+        let result = crate::transfer::import_session(&self.broker, req).await;
+        self.audit(&caller, Action::ImportSession, &id, &result, |r| {
+            let spans = r
+                .session
+                .as_ref()
+                .map_or(0, |s| s.totals.as_ref().map_or(0, |t| t.live_spans));
+            format!("{spans} live spans")
+        })
+        .await;
+        result.map(Response::new)
     }
 }
 

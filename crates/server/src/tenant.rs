@@ -224,8 +224,7 @@ mod tests {
             );
         }
         for bad in ["", "/s1", "acme/", "acme/s/1", "a b/s1", "acme/s 1"] {
-            let err = crate::validate::full_session_id("session_id", bad, &limits)
-                .expect_err(bad);
+            let err = crate::validate::full_session_id("session_id", bad, &limits).expect_err(bad);
             assert_eq!(err.field, "session_id", "{bad}");
         }
         // A tenant's caller names bare ids only.
@@ -245,7 +244,10 @@ mod tests {
         .localized(&acme);
         assert!(!span.to_string().contains("acme"), "{span}");
         let parts = span.parts();
-        assert_eq!(parts.metadata.get("session_id").map(String::as_str), Some("s1"));
+        assert_eq!(
+            parts.metadata.get("session_id").map(String::as_str),
+            Some("s1")
+        );
         // An operator reads full ids.
         let full = ApiError::SessionNotFound("acme/s1".into()).localized(&Scope::all());
         assert!(matches!(&full, ApiError::SessionNotFound(id) if id == "acme/s1"));
