@@ -5,6 +5,7 @@
 //! types, serialises each session's requests, hands commits to the store's
 //! single writer and publishes markers once they are durable.
 
+pub mod auth;
 pub mod blocking;
 pub mod broker;
 pub mod config;
@@ -18,8 +19,8 @@ pub mod search;
 pub mod server;
 pub mod service;
 pub mod sessions;
-pub mod tenant;
 pub mod socket;
+pub mod tenant;
 pub mod tls;
 pub mod transfer;
 pub mod validate;
