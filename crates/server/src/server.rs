@@ -427,10 +427,17 @@ fn reload_on_hangup(control: Control) {
                         continue;
                     }
                 };
-                match tls {
-                    Ok(true) => info!("SIGHUP: TLS files reloaded; new connections use them"),
-                    Ok(false) => info!("SIGHUP: no TLS configured; nothing to reload"),
-                    Err(err) => {
+                match (&tls, &tokens) {
+                    (Ok(true), _) => {
+                        info!("SIGHUP: TLS files reloaded; new connections use them")
+                    }
+                    (Ok(false), Ok(None)) => {
+                        info!(
+                            "SIGHUP: no TLS files and no token file configured; nothing to reload"
+                        )
+                    }
+                    (Ok(false), _) => {}
+                    (Err(err), _) => {
                         error!(%err, "SIGHUP: TLS reload failed; the files in force stay")
                     }
                 }

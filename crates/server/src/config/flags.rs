@@ -221,10 +221,10 @@ pub enum TokenCommand {
     /// Make a fresh token (32 random bytes, as 64 hexadecimal digits):
     /// the token alone on stdout, its `[[token]]` entry for the token file
     /// on stderr (TOML, comments included, ready to append).
-    ///
-    /// TOKEN=$(ctxbrokerd token new --id ci-bot --role agent --tenant acme
-    /// 2>>/etc/ctxbroker/tokens.toml)
-    #[command(verbatim_doc_comment)]
+    #[command(
+        after_help = "Example: TOKEN=$(ctxbrokerd token new --id ci-bot --role agent --tenant acme \
+                      2>>/etc/ctxbroker/tokens.toml), then SIGHUP the daemon."
+    )]
     New {
         /// The token's id: named in logs, never secret; 1 to 64 bytes of
         /// A-Z, a-z, 0-9, '.', '_', '-'.
