@@ -12,6 +12,8 @@
 
 mod support;
 
+#[cfg(unix)]
+mod auth;
 mod bad_input;
 mod burst;
 mod classify;

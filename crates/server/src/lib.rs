@@ -6,6 +6,7 @@
 //! single writer and publishes markers once they are durable.
 
 pub mod audit;
+pub mod auth;
 pub mod blocking;
 pub mod broker;
 pub mod config;
