@@ -36,6 +36,7 @@ mod private;
 mod resident;
 mod retry;
 mod search;
+mod tenants;
 mod tls;
 mod transfer;
 mod watch;
