@@ -76,7 +76,7 @@ impl InProcess {
             }
         };
         Ok(InProcess {
-            addr: serving.grpc,
+            addr: serving.grpc.expect("served on TCP"),
             metrics: serving.metrics,
             control,
             stop: Some(stop),

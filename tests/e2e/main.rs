@@ -39,4 +39,5 @@ mod search;
 mod tenants;
 mod tls;
 mod transfer;
+mod unix;
 mod watch;

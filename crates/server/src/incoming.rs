@@ -17,13 +17,13 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, warn};
 
+use crate::socket::Listener;
 use crate::tls::Tls;
 
 /// What every HTTP/2 connection starts with (RFC 9113, section 3.4).
@@ -184,16 +184,15 @@ pub struct Hardening {
     pub max_connections: usize,
 }
 
-/// A transport: plain TCP or TLS over it.
-#[derive(Debug)]
-enum Transport {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
+/// A transport: TCP or a Unix socket, plain or with TLS over it.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+type Transport = Box<dyn Io>;
 
 /// A connection handed to tonic: its preface already read (and replayed
 /// first), its slot held until it is dropped.
-#[derive(Debug)]
 pub struct Conn {
     transport: Transport,
     /// The preface, replayed before anything else is read.
@@ -203,6 +202,15 @@ pub struct Conn {
     _slot: Slot,
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Connected for Conn {
     type ConnectInfo = TcpConnectInfo;
 
@@ -210,64 +218,6 @@ impl Connected for Conn {
         TcpConnectInfo {
             local_addr: self.local,
             remote_addr: self.remote,
-        }
-    }
-}
-
-impl AsyncRead for Transport {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(io) => Pin::new(io).poll_read(cx, buf),
-            Transport::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Transport {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(io) => Pin::new(io).poll_write(cx, buf),
-            Transport::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(io) => Pin::new(io).poll_flush(cx),
-            Transport::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(io) => Pin::new(io).poll_shutdown(cx),
-            Transport::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
-            Transport::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Transport::Plain(io) => io.is_write_vectored(),
-            Transport::Tls(io) => io.is_write_vectored(),
         }
     }
 }
@@ -324,7 +274,7 @@ impl AsyncWrite for Conn {
 /// `serve_with_incoming`. Accepting stops, and the listener is closed,
 /// when `stop` fires.
 pub fn incoming(
-    listener: TcpListener,
+    listener: Listener,
     tls: Option<Arc<Tls>>,
     hardening: Hardening,
     gate: Gate,
@@ -335,22 +285,38 @@ pub fn incoming(
     ReceiverStream::new(stream)
 }
 
+/// The next connection of `listener`, with the peer's address for TCP.
+async fn accept(listener: &Listener) -> io::Result<(Transport, Option<SocketAddr>)> {
+    match listener {
+        Listener::Tcp(tcp) => {
+            let (stream, remote) = tcp.accept().await?;
+            let _ = stream.set_nodelay(true);
+            Ok((Box::new(stream), Some(remote)))
+        }
+        #[cfg(unix)]
+        Listener::Unix { listener, .. } => {
+            let (stream, _) = listener.accept().await?;
+            Ok((Box::new(stream), None))
+        }
+    }
+}
+
 async fn accept_loop(
-    listener: TcpListener,
+    listener: Listener,
     tls: Option<Arc<Tls>>,
     hardening: Hardening,
     gate: Gate,
     stop: CancellationToken,
     ready: mpsc::Sender<io::Result<Conn>>,
 ) {
-    let local = listener.local_addr().ok();
+    let local = listener.local_addr();
     let mut refusals = Throttled::new("gRPC");
     loop {
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            accepted = accept(&listener) => accepted,
             () = stop.cancelled() => break,
         };
-        let (tcp, remote) = match accepted {
+        let (stream, remote) = match accepted {
             Ok(accepted) => accepted,
             Err(err) if is_connection_error(&err) => continue,
             Err(err) => {
@@ -363,19 +329,19 @@ async fn accept_loop(
         };
         let Some(slot) = gate.admit() else {
             refusals.refused(hardening.max_connections);
-            drop(tcp);
+            drop(stream);
             continue;
         };
-        let _ = tcp.set_nodelay(true);
+        let peer = Peer(remote);
         let tls = tls.clone();
         let ready = ready.clone();
         let stop = stop.clone();
         let timeout = hardening.handshake_timeout;
         tokio::spawn(async move {
             let opened = tokio::select! {
-                opened = tokio::time::timeout(timeout, open(tcp, tls.as_deref())) => opened,
+                opened = tokio::time::timeout(timeout, open(stream, tls.as_deref())) => opened,
                 () = slot.displaced() => {
-                    debug!(%remote, "closed a connection still in its handshake: the connection cap was reached");
+                    debug!(%peer, "closed a connection still in its handshake: the connection cap was reached");
                     return;
                 }
                 () = stop.cancelled() => return,
@@ -383,12 +349,12 @@ async fn accept_loop(
             let transport = match opened {
                 Ok(Ok(transport)) => transport,
                 Ok(Err(err)) => {
-                    debug!(%remote, %err, "closed a connection that failed its handshake");
+                    debug!(%peer, %err, "closed a connection that failed its handshake");
                     return;
                 }
                 Err(_) => {
                     debug!(
-                        %remote,
+                        %peer,
                         timeout_ms = timeout.as_millis() as u64,
                         "closed a connection that did not finish its handshake in time"
                     );
@@ -400,7 +366,7 @@ async fn accept_loop(
                 transport,
                 replay: PREFACE,
                 local,
-                remote: Some(remote),
+                remote,
                 _slot: slot,
             };
             let _ = ready.send(Ok(conn)).await;
@@ -408,11 +374,23 @@ async fn accept_loop(
     }
 }
 
+/// A peer as the log names it: its address, or the Unix socket.
+struct Peer(Option<SocketAddr>);
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(addr) => addr.fmt(f),
+            None => f.write_str("unix socket peer"),
+        }
+    }
+}
+
 /// TLS when on, then the HTTP/2 preface, read whole.
-async fn open(tcp: TcpStream, tls: Option<&Tls>) -> io::Result<Transport> {
-    let mut transport = match tls {
-        Some(tls) => Transport::Tls(Box::new(tls.grpc_acceptor().accept(tcp).await?)),
-        None => Transport::Plain(tcp),
+async fn open(stream: Transport, tls: Option<&Tls>) -> io::Result<Transport> {
+    let mut transport: Transport = match tls {
+        Some(tls) => Box::new(tls.grpc_acceptor().accept(stream).await?),
+        None => stream,
     };
     let mut preface = [0u8; PREFACE.len()];
     transport.read_exact(&mut preface).await?;

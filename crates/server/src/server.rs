@@ -6,6 +6,7 @@
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -29,7 +30,7 @@ use crate::hub::Hub;
 use crate::incoming::{Gate, Hardening};
 use crate::metrics::{Metrics, Timed};
 use crate::service::BrokerService;
-use crate::socket::Socket;
+use crate::socket::{Listener, Socket};
 use crate::tls::{Tls, TlsError, TlsFiles};
 
 /// Why the daemon could not start or stopped with an error.
@@ -101,10 +102,12 @@ pub struct Control {
 }
 
 /// Where a running daemon serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Serving {
-    /// The gRPC address.
-    pub grpc: std::net::SocketAddr,
+    /// The gRPC address, when it serves TCP.
+    pub grpc: Option<std::net::SocketAddr>,
+    /// The gRPC socket file, when it serves a Unix socket.
+    pub unix: Option<std::path::PathBuf>,
     /// The metrics address, when metrics are served.
     pub metrics: Option<std::net::SocketAddr>,
 }
@@ -159,7 +162,7 @@ impl Control {
     pub async fn serving(&self) -> Serving {
         let mut watch = self.serving.subscribe();
         loop {
-            if let Some(serving) = *watch.borrow_and_update() {
+            if let Some(serving) = watch.borrow_and_update().clone() {
                 return serving;
             }
             if watch.changed().await.is_err() {
@@ -575,7 +578,7 @@ async fn wait_for_signal() {
 /// flushed and closed.
 pub async fn run(
     settings: Settings,
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     build: BuildInfo,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
@@ -586,7 +589,7 @@ pub async fn run(
 /// files and learns where the daemon serves.
 pub async fn run_with(
     settings: Settings,
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     build: BuildInfo,
     shutdown: impl Future<Output = ()> + Send + 'static,
     control: Control,
@@ -619,18 +622,24 @@ pub async fn run_with(
         }
         None => None,
     };
-    let local = listener.local_addr().map_err(ServerError::Listen)?;
-    if tokens.is_none() {
-        open_rule(local, tls.is_none(), settings.tls.allow_insecure)?;
+    let listener: Listener = listener.into();
+    // A Unix socket is owner-only: only this user can connect to it, so
+    // it may serve plaintext and, without tokens, every call.
+    let local = listener.local_addr();
+    if let Some(local) = local {
+        if tokens.is_none() {
+            open_rule(local, tls.is_none(), settings.tls.allow_insecure)?;
+        }
+        if tls.is_none() {
+            plaintext_rule(
+                "gRPC",
+                local,
+                "configure tls_cert and tls_key (--tls-cert, --tls-key)",
+                settings.tls.allow_insecure,
+            )?;
+        }
     }
-    if tls.is_none() {
-        plaintext_rule(
-            "gRPC",
-            local,
-            "configure tls_cert and tls_key (--tls-cert, --tls-key)",
-            settings.tls.allow_insecure,
-        )?;
-    }
+    let unix = listener.unix_path().map(Path::to_path_buf);
     log_authentication(tokens.as_deref());
     if let Some(addr) = settings.metrics_addr
         && !settings.tls.metrics_tls
@@ -814,7 +823,10 @@ pub async fn run_with(
     );
 
     info!(
-        %local,
+        local = %local.map_or_else(
+            || unix.as_deref().map_or_else(String::new, |p| format!("unix:{}", p.display())),
+            |addr| addr.to_string(),
+        ),
         tls = tls.is_some(),
         authentication = settings.auth_tokens_file.is_some(),
         client_certificates = settings.tls.tls_client_ca.is_some(),
@@ -824,6 +836,7 @@ pub async fn run_with(
     );
     control.serving.send_replace(Some(Serving {
         grpc: local,
+        unix: unix.clone(),
         metrics: metrics_bound,
     }));
     let serve = Server::builder()
@@ -864,6 +877,11 @@ pub async fn run_with(
     metrics_end.cancel();
     if let Some(task) = metrics_task {
         let _ = task.await;
+    }
+    if let Some(path) = &unix
+        && let Err(err) = std::fs::remove_file(path)
+    {
+        warn!(path = %path.display(), %err, "the socket file could not be removed");
     }
     served?;
     closed?;

@@ -4,9 +4,12 @@
 //! taking it, and [`hand_over`] is how a parent (a test, the benchmark, a
 //! supervisor written in Rust) passes its listener to a child.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tokio::net::TcpListener;
+#[cfg(unix)]
+use tokio::net::UnixListener;
 
 use crate::config::Listen;
 use crate::server::ServerError;
@@ -25,6 +28,50 @@ pub enum Socket {
     Inherited(std::net::TcpListener),
     /// An address to bind once the runtime runs.
     Bind(std::net::SocketAddr),
+    /// A Unix socket path to bind once the runtime runs.
+    Unix(PathBuf),
+}
+
+/// A bound, listening socket the daemon serves gRPC on.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP: plaintext on loopback, TLS or an opt-in elsewhere.
+    Tcp(TcpListener),
+    /// A Unix domain socket: plaintext, owner-only. The daemon removes
+    /// the socket file when it stops.
+    #[cfg(unix)]
+    Unix {
+        /// The listener.
+        listener: UnixListener,
+        /// Its path.
+        path: PathBuf,
+    },
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Listener::Tcp(listener)
+    }
+}
+
+impl Listener {
+    /// The TCP address, for a TCP listener.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Listener::Tcp(listener) => listener.local_addr().ok(),
+            #[cfg(unix)]
+            Listener::Unix { .. } => None,
+        }
+    }
+
+    /// The socket file, for a Unix listener.
+    pub fn unix_path(&self) -> Option<&Path> {
+        match self {
+            Listener::Tcp(_) => None,
+            #[cfg(unix)]
+            Listener::Unix { path, .. } => Some(path),
+        }
+    }
 }
 
 impl Socket {
@@ -35,6 +82,7 @@ impl Socket {
     pub fn settle(listen: &Listen) -> Result<Socket, ServerError> {
         match listen {
             Listen::Fd(fd) => inherited(*fd).map(Socket::Inherited),
+            Listen::Unix(path) => Ok(Socket::Unix(path.clone())),
             Listen::Addr(addr) => match systemd_fd() {
                 Some(fd) => inherited(fd).map(Socket::Inherited),
                 None => Ok(Socket::Bind(*addr)),
@@ -43,17 +91,70 @@ impl Socket {
     }
 
     /// The listening socket, registered with the running runtime.
-    pub async fn listen(self) -> Result<TcpListener, ServerError> {
+    pub async fn listen(self) -> Result<Listener, ServerError> {
         match self {
             Socket::Inherited(listener) => {
                 listener
                     .set_nonblocking(true)
                     .map_err(ServerError::Listen)?;
-                TcpListener::from_std(listener).map_err(ServerError::Listen)
+                TcpListener::from_std(listener)
+                    .map(Listener::Tcp)
+                    .map_err(ServerError::Listen)
             }
-            Socket::Bind(addr) => TcpListener::bind(addr).await.map_err(ServerError::Listen),
+            Socket::Bind(addr) => TcpListener::bind(addr)
+                .await
+                .map(Listener::Tcp)
+                .map_err(ServerError::Listen),
+            Socket::Unix(path) => bind_unix(path).await,
         }
     }
+}
+
+/// Binds a Unix socket at `path`. A socket file left by a daemon that did
+/// not stop cleanly is replaced; a path where something still answers, or
+/// that is not a socket, is refused and left as it is.
+#[cfg(unix)]
+async fn bind_unix(path: PathBuf) -> Result<Listener, ServerError> {
+    use std::os::unix::fs::FileTypeExt;
+    let refuse = |why: String| {
+        ServerError::Listen(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("listen_unix {}: {why}", path.display()),
+        ))
+    };
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if tokio::net::UnixStream::connect(&path).await.is_ok() {
+                return Err(refuse(
+                    "another process serves on this socket; stop it or choose another path".into(),
+                ));
+            }
+            std::fs::remove_file(&path).map_err(|err| {
+                refuse(format!("a stale socket file could not be removed: {err}"))
+            })?;
+        }
+        Ok(_) => {
+            return Err(refuse(
+                "exists and is not a socket; it is left as it is".into(),
+            ));
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(refuse(format!("cannot be inspected: {err}"))),
+    }
+    // The process's umask (077, set at start) makes the socket owner-only
+    // from its creation; read and write for the owner is all it needs.
+    let listener = UnixListener::bind(&path).map_err(|err| refuse(err.to_string()))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|err| refuse(format!("cannot make the socket owner-only: {err}")))?;
+    Ok(Listener::Unix { listener, path })
+}
+
+#[cfg(not(unix))]
+async fn bind_unix(path: PathBuf) -> Result<Listener, ServerError> {
+    Err(ServerError::Listen(std::io::Error::other(format!(
+        "listen_unix {}: Unix sockets are only served on unix",
+        path.display()
+    ))))
 }
 
 /// fd 3 when systemd passed exactly one socket to this very process.

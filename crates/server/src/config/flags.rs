@@ -44,8 +44,14 @@ pub struct Cli {
     #[arg(long, env = "CTXBROKER_LISTEN", value_name = "ADDR")]
     #[arg(help_heading = "Serving")]
     pub listen: Option<SocketAddr>,
+    /// Serve plaintext on a Unix domain socket at this path instead of
+    /// TCP; only this user may connect (the socket is owner-only).
+    /// Overrides --listen.
+    #[arg(long, env = "CTXBROKER_LISTEN_UNIX", value_name = "PATH")]
+    #[arg(help_heading = "Serving")]
+    pub listen_unix: Option<PathBuf>,
     /// Serve on this inherited, already listening TCP socket instead of
-    /// binding (socket activation). Overrides --listen.
+    /// binding (socket activation). Overrides --listen and --listen-unix.
     #[arg(long, env = "CTXBROKER_LISTEN_FD", value_name = "FD", value_parser = clap::value_parser!(i32).range(0..))]
     #[arg(help_heading = "Serving")]
     pub listen_fd: Option<i32>,

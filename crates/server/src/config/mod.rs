@@ -21,13 +21,20 @@ use serde::{Deserialize, Serialize};
 pub use flags::{Cli, Command, TokenCommand};
 pub use load::{ConfigError, KeyProblem, file_keys};
 
-/// How the daemon gets its listening socket: the file keys `listen` and
-/// `listen_fd`, the second winning when both are set.
+/// The longest Unix socket path the kernel takes (`sun_path` less its
+/// terminating NUL).
+pub const MAX_UNIX_PATH_BYTES: usize = 107;
+
+/// How the daemon gets its listening socket: the file keys `listen`,
+/// `listen_unix` and `listen_fd`, a later one winning when more are set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "ListenKeys", into = "ListenKeys")]
 pub enum Listen {
     /// Bind this address.
     Addr(SocketAddr),
+    /// Bind a Unix domain socket at this path (plaintext; the socket
+    /// file's permissions, owner-only, decide who may connect).
+    Unix(PathBuf),
     /// Serve on an already bound, listening TCP socket inherited as this
     /// file descriptor (socket activation; tests bind first and pass it).
     Fd(i32),
@@ -38,6 +45,7 @@ pub enum Listen {
 #[serde(default)]
 struct ListenKeys {
     listen: Option<SocketAddr>,
+    listen_unix: Option<PathBuf>,
     listen_fd: Option<i32>,
 }
 
@@ -45,6 +53,7 @@ impl Default for ListenKeys {
     fn default() -> Self {
         ListenKeys {
             listen: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+            listen_unix: None,
             listen_fd: None,
         }
     }
@@ -52,24 +61,34 @@ impl Default for ListenKeys {
 
 impl From<ListenKeys> for Listen {
     fn from(keys: ListenKeys) -> Self {
-        match (keys.listen_fd, keys.listen) {
-            (Some(fd), _) => Listen::Fd(fd),
-            (None, Some(addr)) => Listen::Addr(addr),
-            (None, None) => Listen::default(),
+        match (keys.listen_fd, keys.listen_unix, keys.listen) {
+            (Some(fd), _, _) => Listen::Fd(fd),
+            (None, Some(path), _) => Listen::Unix(path),
+            (None, None, Some(addr)) => Listen::Addr(addr),
+            (None, None, None) => Listen::default(),
         }
     }
 }
 
 impl From<Listen> for ListenKeys {
     fn from(listen: Listen) -> Self {
+        let none = ListenKeys {
+            listen: None,
+            listen_unix: None,
+            listen_fd: None,
+        };
         match listen {
             Listen::Addr(addr) => ListenKeys {
                 listen: Some(addr),
-                listen_fd: None,
+                ..none
+            },
+            Listen::Unix(path) => ListenKeys {
+                listen_unix: Some(path),
+                ..none
             },
             Listen::Fd(fd) => ListenKeys {
-                listen: None,
                 listen_fd: Some(fd),
+                ..none
             },
         }
     }
@@ -430,6 +449,21 @@ impl Settings {
             && fd < 0
         {
             return fail("listen_fd", "must be a non-negative file descriptor", &fd);
+        }
+        if let Listen::Unix(path) = &self.listen {
+            let shown = path.display();
+            if path.as_os_str().is_empty() {
+                return fail("listen_unix", "must be a path", &shown);
+            }
+            if path.as_os_str().len() > MAX_UNIX_PATH_BYTES {
+                let limit = format!("must be at most {MAX_UNIX_PATH_BYTES} bytes (sockaddr_un)");
+                return fail("listen_unix", &limit, &shown);
+            }
+            if tls.enabled() {
+                let limit = "serves plaintext: TLS (tls_cert, tls_key) is for TCP listeners; \
+                             the socket file's permissions decide who may connect";
+                return fail("listen_unix", limit, &shown);
+            }
         }
         Ok(())
     }

@@ -254,7 +254,8 @@ fn every_setting_round_trips_through_the_file() {
     let sample = sample();
     let defaults = Settings::default().values();
     for (key, value) in sample.values() {
-        if key != "listen_fd" {
+        // The other ways of listening than the sample's.
+        if !matches!(key.as_str(), "listen_fd" | "listen_unix") {
             assert_ne!(
                 Some(&value),
                 defaults.get(&key),
@@ -454,4 +455,22 @@ fn the_token_file_is_a_setting_shown_when_unset() {
         set.log_line()
             .contains("auth_tokens_file=\"/etc/ctx/tokens.toml\"")
     );
+}
+
+#[test]
+fn a_unix_socket_replaces_listen_and_an_inherited_socket_replaces_both() {
+    let unix = cli(&["--listen-unix", "/run/ctx.sock"]).resolve().unwrap();
+    assert_eq!(unix.listen, Listen::Unix(PathBuf::from("/run/ctx.sock")));
+    let both = cli(&["--listen-unix", "/run/ctx.sock", "--listen-fd", "3"])
+        .resolve()
+        .unwrap();
+    assert_eq!(both.listen, Listen::Fd(3));
+    let long = format!("/{}", "s".repeat(120));
+    let err = cli(&["--listen-unix", &long]).resolve().unwrap_err();
+    assert!(err.to_string().contains("listen_unix"), "{err}");
+    let (_dir, path) = file("listen_unix = \"/run/ctx.sock\"\n");
+    let read = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.listen, Listen::Unix(PathBuf::from("/run/ctx.sock")));
 }
