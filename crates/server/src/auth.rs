@@ -56,6 +56,7 @@ use tower::{Layer, Service};
 use tracing::{debug, info};
 
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::tenant::{self, Caller, Role};
 
 /// The gRPC path prefix of every `ctxbroker.v1.ContextBroker` method.
@@ -549,13 +550,24 @@ pub fn authorize(
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
     tokens: Option<Arc<Tokens>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl AuthLayer {
     /// Checks calls against `tokens`; with `None`, authentication is off
     /// and every broker call is [`Caller::open`].
     pub fn new(tokens: Option<Arc<Tokens>>) -> AuthLayer {
-        AuthLayer { tokens }
+        AuthLayer {
+            tokens,
+            metrics: None,
+        }
+    }
+
+    /// Counts refused calls in `metrics` (`ctxbroker_rpc_duration_seconds`
+    /// by method and code, as the service counts the calls it serves).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> AuthLayer {
+        self.metrics = Some(metrics);
+        self
     }
 }
 
@@ -566,6 +578,7 @@ impl<S> Layer<S> for AuthLayer {
         Auth {
             inner,
             tokens: self.tokens.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -577,6 +590,7 @@ impl<S> Layer<S> for AuthLayer {
 pub struct Auth<S> {
     inner: S,
     tokens: Option<Arc<Tokens>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// The future of an [`Auth`] call.
@@ -599,6 +613,7 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         if let Some(method) = request.uri().path().strip_prefix(BROKER_PATH) {
+            let arrived = std::time::Instant::now();
             let decided = match &self.tokens {
                 None => Ok(Caller::open()),
                 Some(tokens) => authorize(&tokens.table(), request.headers(), method),
@@ -611,6 +626,10 @@ where
                 }
                 Err(err) => {
                     let status = tonic::Status::from(err);
+                    if let Some(metrics) = &self.metrics {
+                        let path = request.uri().path();
+                        metrics.refused_call(path, status.code(), arrived.elapsed());
+                    }
                     return Box::pin(std::future::ready(Ok(status.into_http())));
                 }
             }

@@ -845,7 +845,7 @@ pub async fn run_with(
         .http2_keepalive_timeout(Some(connections.keepalive_timeout))
         // Every call passes here first: broker calls are authenticated,
         // health and reflection are not.
-        .layer(AuthLayer::new(tokens))
+        .layer(AuthLayer::new(tokens).with_metrics(metrics.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -383,6 +383,57 @@ async fn calls_are_timed_by_method_and_code() {
     store.close().unwrap();
 }
 
+#[tokio::test]
+async fn calls_refused_at_the_door_are_counted_by_method_and_code() {
+    use ctxbroker_server::auth::{AuthLayer, Tokens};
+    use tower::Layer;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new(BUILD, 10));
+    let store = Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let digest = ctxbroker_server::auth::token_sha256_hex("watcher-token-0123456789");
+    std::fs::write(
+        &tokens,
+        format!("[[token]]\nid = \"dash\"\nrole = \"watcher\"\ntenant = \"acme\"\nsha256 = \"{digest}\"\n"),
+    )
+    .unwrap();
+    let layer = AuthLayer::new(Some(Arc::new(Tokens::load(&tokens).unwrap())))
+        .with_metrics(metrics.clone());
+    let mut service = layer.layer(Timed::new(
+        Fixed::Status(None),
+        metrics.clone(),
+        Duration::from_secs(30),
+    ));
+    let with_token = |method: &str| {
+        let mut request = request(method, None);
+        request.headers_mut().insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer watcher-token-0123456789"),
+        );
+        request
+    };
+    service.call(request("GetSession", None)).await.unwrap();
+    service.call(with_token("Admit")).await.unwrap();
+    service.call(with_token("Admit")).await.unwrap();
+    service.call(with_token("GetSession")).await.unwrap();
+
+    let text = render(&metrics, &store);
+    let count = |method: &str, code: &str| {
+        value(
+            &text,
+            &format!("ctxbroker_rpc_duration_seconds_count{{method=\"{method}\",code=\"{code}\"}}"),
+        )
+    };
+    assert_eq!(count("GetSession", "UNAUTHENTICATED"), Some(1.0));
+    assert_eq!(count("Admit", "PERMISSION_DENIED"), Some(2.0));
+    assert_eq!(
+        count("GetSession", "OK"),
+        Some(1.0),
+        "the call let through is timed once"
+    );
+    store.close().unwrap();
+}
+
 #[test]
 fn the_store_reports_every_flush() {
     let dir = tempfile::tempdir().unwrap();

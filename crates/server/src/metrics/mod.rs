@@ -131,6 +131,14 @@ impl Metrics {
         }
     }
 
+    /// Records a `ContextBroker` call refused before it reached the
+    /// service (no token, an unknown one, or a role that may not call it),
+    /// by method and code, like every served call.
+    pub fn refused_call(&self, path: &str, code: tonic::Code, elapsed: Duration) {
+        self.rpc
+            .observe(self.rpc.method_index(path), code as usize, elapsed);
+    }
+
     /// Records how an admission ended, from what the service answers.
     pub fn admission(&self, result: &Result<pb::AdmitResponse, ApiError>) {
         self.counters.admission(result);

@@ -85,7 +85,7 @@ impl RpcTable {
         }
     }
 
-    fn method_index(&self, path: &str) -> usize {
+    pub(super) fn method_index(&self, path: &str) -> usize {
         path.strip_prefix(PREFIX)
             .and_then(|name| self.methods.iter().position(|m| m == name))
             .unwrap_or(self.methods.len())
@@ -95,7 +95,7 @@ impl RpcTable {
         self.methods.get(index).map_or("other", String::as_str)
     }
 
-    fn observe(&self, method: usize, code: usize, elapsed: Duration) {
+    pub(super) fn observe(&self, method: usize, code: usize, elapsed: Duration) {
         if let Some(code) = CODES.get(code) {
             let labels = [("method", self.method_name(method)), ("code", *code)];
             self.family
