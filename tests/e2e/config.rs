@@ -159,6 +159,34 @@ fn the_check_reads_the_tls_files_as_the_start_would() {
 }
 
 #[test]
+fn the_check_applies_the_rules_of_exposure_as_the_start_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = write(dir.path(), "open.toml", "listen = \"0.0.0.0:50051\"\n");
+    let (code, stdout, stderr) = check(&open);
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stderr.contains("a start would refuse"), "{stderr}");
+    for named in ["tls_cert", "auth_tokens_file", "allow_insecure"] {
+        assert!(stderr.contains(named), "{named}: {stderr}");
+    }
+    let metrics = write(
+        dir.path(),
+        "metrics.toml",
+        "metrics_addr = \"0.0.0.0:9464\"\n",
+    );
+    let (code, _, stderr) = check(&metrics);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("metrics_tls"), "{stderr}");
+    let allowed = write(
+        dir.path(),
+        "allowed.toml",
+        "listen = \"0.0.0.0:50051\"\nallow_insecure = true\n",
+    );
+    let (code, stdout, stderr) = check(&allowed);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("valid"), "{stdout}");
+}
+
+#[test]
 fn the_environment_and_flags_apply_to_the_check_as_to_serving() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(

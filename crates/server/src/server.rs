@@ -25,7 +25,9 @@ use crate::BuildInfo;
 use crate::audit::{self, AuditLog};
 use crate::auth::{AuthLayer, TokenFileError, Tokens};
 use crate::broker::Broker;
-use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, MemoryShares, Settings};
+use crate::config::{
+    Cli, Command, ConfigError, Durability, Listen, LogFormat, MemoryShares, Settings,
+};
 use crate::hub::Hub;
 use crate::incoming::{Gate, Hardening};
 use crate::metrics::{Metrics, Timed};
@@ -355,17 +357,41 @@ fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
                 },
                 None => None,
             };
-            println!(
-                "# {}: valid. The settings in force with it:",
+            // The address a start would bind; an inherited socket or a
+            // Unix socket is judged when the daemon starts.
+            let local = match &settings.listen {
+                Listen::Addr(addr) => Some(*addr),
+                Listen::Unix(_) | Listen::Fd(_) => None,
+            };
+            let tls = settings.tls.enabled();
+            if let Err(err) = exposure_rules(&settings, local, tls, tokens.is_some()) {
+                eprintln!(
+                    "ctxbrokerd: {}: a start would refuse: {err}",
+                    file.display()
+                );
+                return ExitCode::FAILURE;
+            }
+            let mut out = format!(
+                "# {}: valid. The settings in force with it:\n",
                 file.display()
             );
             match tokens {
-                Some(counts) => println!("# authentication on: auth_tokens_file has {counts}"),
-                None => println!(
-                    "# authentication off: no auth_tokens_file, every caller is an operator"
+                Some(counts) => out.push_str(&format!(
+                    "# authentication on: auth_tokens_file has {counts}\n"
+                )),
+                None => out.push_str(
+                    "# authentication off: no auth_tokens_file, every caller is an operator\n",
                 ),
             }
-            print!("{}", settings.to_toml());
+            out.push_str(&settings.to_toml());
+            // A reader that stops early (`| head`) is not an error.
+            if let Err(err) =
+                std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes())
+                && err.kind() != std::io::ErrorKind::BrokenPipe
+            {
+                eprintln!("ctxbrokerd: cannot write the settings: {err}");
+                return ExitCode::FAILURE;
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError::Keys { path, problems }) => {
@@ -464,6 +490,44 @@ fn reload_on_hangup(control: Control) {
     }
     #[cfg(not(unix))]
     drop(control);
+}
+
+/// What may be served where: gRPC on `local` (a TCP address; `None` for
+/// a Unix socket, which is owner-only and so may serve plaintext and,
+/// without tokens, every call) and the metrics on theirs. Refuses
+/// plaintext, or gRPC without authentication, off loopback unless
+/// `allow_insecure`.
+fn exposure_rules(
+    settings: &Settings,
+    local: Option<std::net::SocketAddr>,
+    tls: bool,
+    tokens: bool,
+) -> Result<(), ServerError> {
+    let allow_insecure = settings.tls.allow_insecure;
+    if let Some(local) = local {
+        if !tokens {
+            open_rule(local, !tls, allow_insecure)?;
+        }
+        if !tls {
+            plaintext_rule(
+                "gRPC",
+                local,
+                "configure tls_cert and tls_key (--tls-cert, --tls-key)",
+                allow_insecure,
+            )?;
+        }
+    }
+    if let Some(addr) = settings.metrics_addr
+        && !settings.tls.metrics_tls
+    {
+        plaintext_rule(
+            "the metrics",
+            addr,
+            "set metrics_tls (--metrics-tls) with tls_cert and tls_key",
+            allow_insecure,
+        )?;
+    }
+    Ok(())
 }
 
 /// Refuses plaintext on an address that is not loopback unless
@@ -623,34 +687,10 @@ pub async fn run_with(
         None => None,
     };
     let listener: Listener = listener.into();
-    // A Unix socket is owner-only: only this user can connect to it, so
-    // it may serve plaintext and, without tokens, every call.
     let local = listener.local_addr();
-    if let Some(local) = local {
-        if tokens.is_none() {
-            open_rule(local, tls.is_none(), settings.tls.allow_insecure)?;
-        }
-        if tls.is_none() {
-            plaintext_rule(
-                "gRPC",
-                local,
-                "configure tls_cert and tls_key (--tls-cert, --tls-key)",
-                settings.tls.allow_insecure,
-            )?;
-        }
-    }
+    exposure_rules(&settings, local, tls.is_some(), tokens.is_some())?;
     let unix = listener.unix_path().map(Path::to_path_buf);
     log_authentication(tokens.as_deref());
-    if let Some(addr) = settings.metrics_addr
-        && !settings.tls.metrics_tls
-    {
-        plaintext_rule(
-            "the metrics",
-            addr,
-            "set metrics_tls (--metrics-tls) with tls_cert and tls_key",
-            settings.tls.allow_insecure,
-        )?;
-    }
     let metrics = Arc::new(Metrics::new(build, settings.metrics_top_sessions));
     // Bound before the store opens: a taken port fails the start at once.
     let metrics_listener = match settings.metrics_addr {
