@@ -163,6 +163,7 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
                 allow_insecure: base != 2000,
             }
         },
+        quota: Default::default(),
     }
 }
 
