@@ -12,6 +12,8 @@
 
 mod support;
 
+#[cfg(unix)]
+mod auth;
 mod bad_input;
 mod burst;
 mod classify;
@@ -34,6 +36,7 @@ mod private;
 mod resident;
 mod retry;
 mod search;
+mod tenants;
 mod tls;
 mod transfer;
 mod watch;

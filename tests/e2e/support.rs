@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
 use pb::context_broker_client::ContextBrokerClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 /// A running daemon and what it needs to be restarted.
@@ -28,6 +31,8 @@ pub struct Daemon {
     extra_args: Vec<String>,
     /// Faults to inject from the next start on (`FAILPOINTS`).
     faults: Option<String>,
+    /// Started with a token file: a call without a token is refused.
+    auth: bool,
 }
 
 impl Daemon {
@@ -64,6 +69,7 @@ impl Daemon {
             _temp: temp,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
             faults: None,
+            auth: args.iter().any(|a| a.starts_with("--auth-tokens-file")),
         };
         daemon.spawn();
         daemon.ready().await;
@@ -109,8 +115,17 @@ impl Daemon {
         loop {
             tokio::select! {
                 reply = &mut answer => {
-                    reply.expect("GetServerInfo succeeds");
-                    return;
+                    match reply {
+                        Ok(_) => return,
+                        // With a token file, a call without a token is
+                        // refused: the daemon answers.
+                        Err(status)
+                            if self.auth && status.code() == tonic::Code::Unauthenticated =>
+                        {
+                            return;
+                        }
+                        Err(status) => panic!("GetServerInfo succeeds: {status:?}"),
+                    }
                 }
                 _ = tokio::time::sleep(Duration::from_millis(25)) => {
                     if let Some(status) = self.exited() {
@@ -163,6 +178,12 @@ impl Daemon {
     /// A broker client.
     pub async fn client(&self) -> ContextBrokerClient<Channel> {
         ContextBrokerClient::new(self.channel().await).max_decoding_message_size(64 << 20)
+    }
+
+    /// A broker client that sends `authorization: Bearer <token>` with
+    /// every call.
+    pub async fn client_with_token(&self, token: &str) -> TokenClient {
+        token_client(self.channel().await, token)
     }
 
     /// The daemon's process id.
@@ -452,4 +473,49 @@ pub fn error_info(status: &tonic::Status) -> (String, std::collections::HashMap<
     let details = status.get_error_details();
     let info = details.error_info().expect("ErrorInfo details");
     (info.reason.clone(), info.metadata.clone())
+}
+
+/// Adds `authorization: <value>` to every call.
+#[derive(Debug, Clone)]
+pub struct Authorization(MetadataValue<Ascii>);
+
+impl Interceptor for Authorization {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+/// A broker client that sends a token with every call.
+pub type TokenClient = ContextBrokerClient<InterceptedService<Channel, Authorization>>;
+
+/// A broker client on `channel` sending `authorization: Bearer <token>`.
+pub fn token_client(channel: Channel, token: &str) -> TokenClient {
+    authorization_client(channel, &format!("Bearer {token}"))
+}
+
+/// A broker client on `channel` sending `authorization: <value>` as is.
+pub fn authorization_client(channel: Channel, value: &str) -> TokenClient {
+    let value = value.parse().expect("an ASCII header value");
+    ContextBrokerClient::with_interceptor(channel, Authorization(value))
+        .max_decoding_message_size(64 << 20)
+}
+
+/// Writes a token file at `path` with one entry per `(id, role, tenant,
+/// token)`.
+pub fn write_token_file(path: &Path, entries: &[(&str, &str, Option<&str>, &str)]) {
+    use ctxbroker_server::auth::{entry_toml, parse_role, token_sha256_hex};
+    let text: Vec<String> = entries
+        .iter()
+        .map(|(id, role, tenant, token)| {
+            let role = parse_role(role).expect("a role");
+            entry_toml(id, role, *tenant, &token_sha256_hex(token))
+        })
+        .collect();
+    std::fs::write(path, text.join("\n")).expect("the token file is written");
 }

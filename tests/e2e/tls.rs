@@ -227,13 +227,26 @@ async fn plaintext_off_loopback_needs_allow_insecure() {
         .get_server_info(pb::GetServerInfoRequest {})
         .await
         .unwrap();
-    // TLS on any address needs no opt-in.
+    // TLS on any address needs no opt-in, with a token file (without
+    // one, see auth::off_loopback_without_a_token_file_needs_allow_insecure).
     let ca = Ca::new("ca");
     let files = ServerFiles::new(&ca);
+    let tokens = files.path("tokens.toml");
+    crate::support::write_token_file(
+        &tokens,
+        &[("ops", "operator", None, "ops-token-0123456789")],
+    );
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     InProcess::try_start_on(
         listener,
-        &["--tls-cert", &files.cert(), "--tls-key", &files.key()],
+        &[
+            "--tls-cert",
+            &files.cert(),
+            "--tls-key",
+            &files.key(),
+            "--auth-tokens-file",
+            &tokens.display().to_string(),
+        ],
     )
     .await
     .unwrap();

@@ -122,7 +122,14 @@ mod tests {
             }
         }
         assert!(archived > 0);
-        assert_eq!(broker.list_sessions(None, 10).await.unwrap().len(), 1);
+        assert_eq!(
+            broker
+                .list_sessions(String::new(), None, 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
 
         let search = crate::search::check_search(&pb::SearchSpansRequest {
             query: "build output".into(),

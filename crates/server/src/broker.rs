@@ -360,14 +360,16 @@ impl Broker {
         Ok(loaded.session.record.clone())
     }
 
-    /// Sessions in id order after `after`, at most `limit`.
+    /// Sessions whose full ids start with `prefix` (one tenant's, or all
+    /// for an empty prefix), in id order after `after`, at most `limit`.
     pub async fn list_sessions(
         &self,
+        prefix: String,
         after: Option<String>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>, ApiError> {
         blocking::read(&self.store, move |store| {
-            store.sessions(after.as_deref(), limit)
+            store.sessions_under(&prefix, after.as_deref(), limit)
         })
         .await
     }

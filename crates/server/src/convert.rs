@@ -19,6 +19,7 @@ use ctxbroker_store::{SessionRecord, SpanState, StoredSpan};
 use crate::broker::TurnSpan;
 use crate::config::Limits;
 use crate::hub::{FeedStart, SharedMarker};
+use crate::tenant::Scope;
 
 /// Milliseconds since the Unix epoch as a protobuf timestamp.
 pub fn timestamp(ms: u64) -> prost_types::Timestamp {
@@ -293,6 +294,21 @@ pub fn watch_marker_event(marker: &Marker) -> pb::WatchCompactionsResponse {
 /// bytes, which are what encoding the event itself writes.
 pub fn watch_marker(marker: &SharedMarker) -> Encoded<pb::WatchCompactionsResponse> {
     Encoded::from_bytes(marker.wire(|m| Encoded::new(&watch_marker_event(m)).into_bytes()))
+}
+
+/// [`watch_marker`] as a watcher in `scope` receives it: operators get the
+/// shared form, a tenant's watchers the form that names the session by
+/// its bare id (also encoded once per marker).
+pub fn watch_marker_in(
+    marker: &SharedMarker,
+    scope: &Scope,
+) -> Encoded<pb::WatchCompactionsResponse> {
+    if scope.tenant_name().is_none() {
+        return watch_marker(marker);
+    }
+    Encoded::from_bytes(
+        marker.tenant_wire(scope, |m| Encoded::new(&watch_marker_event(m)).into_bytes()),
+    )
 }
 
 /// The `WatchCompactions` event that ends a watch's replay, encoded.

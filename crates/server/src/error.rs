@@ -13,6 +13,8 @@ use tonic_types::{ErrorDetails, FieldViolation, PreconditionViolation, QuotaViol
 
 use crate::quota::QuotaKind;
 
+use crate::tenant::Scope;
+
 /// The `ErrorInfo.domain` of every error the server returns.
 pub const ERROR_DOMAIN: &str = "ctxbroker.v1";
 
@@ -370,6 +372,35 @@ pub struct ErrorParts {
 }
 
 impl ApiError {
+    /// The error as a caller in `scope` should read it: every session it
+    /// names by the id the caller knows it by. Ids outside the scope are
+    /// left as they are (the service only serves sessions inside it).
+    pub fn localized(mut self, scope: &Scope) -> ApiError {
+        if scope.tenant_name().is_none() {
+            return self;
+        }
+        let id = match &mut self {
+            ApiError::SessionNotFound(id) | ApiError::SessionExists(id) => Some(id),
+            ApiError::Escalation(esc) => Some(&mut esc.session_id),
+            ApiError::SpanNotFound { session_id, .. }
+            | ApiError::ApprovalRequired { session_id, .. }
+            | ApiError::StalePlan { session_id, .. }
+            | ApiError::SpanNotLive { session_id, .. }
+            | ApiError::WrongClass { session_id, .. }
+            | ApiError::NothingToCommit { session_id }
+            | ApiError::StaleRevision { session_id, .. }
+            | ApiError::SnapshotTooLarge { session_id, .. } => Some(session_id),
+            ApiError::Corrupt { session_id, .. } => session_id.as_mut(),
+            _ => None,
+        };
+        if let Some(id) = id
+            && let Some(local) = scope.local_id(id)
+        {
+            *id = local.to_owned();
+        }
+        self
+    }
+
     /// The error's code, reason, metadata and violations.
     pub fn parts(&self) -> ErrorParts {
         let message = self.to_string();

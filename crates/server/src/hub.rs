@@ -25,6 +25,7 @@ use tokio::sync::broadcast;
 use crate::blocking;
 use crate::error::ApiError;
 use crate::metrics::WatcherProbe;
+use crate::tenant::Scope;
 
 /// Markers held in the ring for subscribers that read slowly; past that,
 /// they read from the log.
@@ -42,6 +43,9 @@ const REPLAY_CHUNKS: usize = 16;
 pub struct SharedMarker {
     marker: Marker,
     wire: OnceLock<Bytes>,
+    /// The wire form watchers of the marker's tenant receive: the session
+    /// named by its bare id.
+    tenant_wire: OnceLock<Bytes>,
 }
 
 impl SharedMarker {
@@ -50,6 +54,7 @@ impl SharedMarker {
         SharedMarker {
             marker,
             wire: OnceLock::new(),
+            tenant_wire: OnceLock::new(),
         }
     }
 
@@ -59,6 +64,21 @@ impl SharedMarker {
     /// same encoding: the server has one, the `WatchCompactions` event.
     pub fn wire(&self, encode: impl FnOnce(&Marker) -> Bytes) -> Bytes {
         self.wire.get_or_init(|| encode(&self.marker)).clone()
+    }
+
+    /// The marker's wire form for the watchers of its tenant, made once
+    /// like [`SharedMarker::wire`]: `encode` is given the marker with its
+    /// session named as the tenant knows it.
+    pub fn tenant_wire(&self, scope: &Scope, encode: impl FnOnce(&Marker) -> Bytes) -> Bytes {
+        self.tenant_wire
+            .get_or_init(|| {
+                let mut local = self.marker.clone();
+                if let Some(id) = scope.local_id(&self.marker.session_id) {
+                    local.session_id = id.to_owned();
+                }
+                encode(&local)
+            })
+            .clone()
     }
 }
 
@@ -223,6 +243,8 @@ pub struct MarkerFeed {
     /// The first sequence not yet yielded or skipped.
     next: u64,
     filter: Option<HashSet<String>>,
+    /// Only sessions whose full ids start with this: one tenant's.
+    prefix: Option<String>,
     backlog: VecDeque<Arc<SharedMarker>>,
     /// False while the feed reads the log.
     live: bool,
@@ -284,6 +306,7 @@ impl MarkerFeed {
             replays: hub.replays.clone(),
             next,
             filter,
+            prefix: None,
             backlog: VecDeque::new(),
             live: false,
             caught_up_sent: false,
@@ -311,10 +334,21 @@ impl MarkerFeed {
         self.backlog.front().map_or(self.next, |marker| marker.seq)
     }
 
+    /// Narrows the feed to the sessions whose full ids start with
+    /// `prefix` (one tenant's sessions), on top of any id filter.
+    pub fn within(mut self, prefix: String) -> Self {
+        self.prefix = (!prefix.is_empty()).then_some(prefix);
+        self
+    }
+
     fn wanted(&self, marker: &Marker) -> bool {
-        self.filter
-            .as_ref()
-            .is_none_or(|ids| ids.contains(&marker.session_id))
+        self.prefix
+            .as_deref()
+            .is_none_or(|prefix| marker.session_id.starts_with(prefix))
+            && self
+                .filter
+                .as_ref()
+                .is_none_or(|ids| ids.contains(&marker.session_id))
     }
 
     /// Moves the rest of the chunk of the log that `next` falls in into
@@ -656,6 +690,41 @@ mod tests {
             feed.next_event().await.unwrap(),
             FeedEvent::CaughtUp(4)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_tenants_feed_sees_its_sessions_named_by_bare_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::new();
+        let broker = broker(dir.path(), &hub);
+        for id in ["acme/a", "acmex/a", "beta/a", "a"] {
+            broker
+                .create_session(id, SessionConfig::with_window(400))
+                .await
+                .unwrap();
+            compactions(&broker, id, 1).await;
+        }
+        let acme = Scope::tenant("acme");
+        let mut feed = MarkerFeed::open(&hub, broker.store().clone(), FeedStart::Oldest, None)
+            .unwrap()
+            .within(acme.prefix());
+        let marker = next_marker(&mut feed).await;
+        assert_eq!((marker.seq, marker.session_id.as_str()), (1, "acme/a"));
+        assert!(matches!(
+            feed.next_event().await.unwrap(),
+            FeedEvent::CaughtUp(5)
+        ));
+        // Its wire form names the session as acme knows it; the operators'
+        // form keeps the full id; each is made once.
+        let mut made = 0;
+        let mut encode = |m: &Marker| {
+            made += 1;
+            Bytes::from(m.session_id.clone())
+        };
+        assert_eq!(marker.tenant_wire(&acme, &mut encode), "a");
+        assert_eq!(marker.tenant_wire(&acme, &mut encode), "a");
+        assert_eq!(marker.wire(&mut encode), "acme/a");
+        assert_eq!(made, 2);
     }
 
     #[tokio::test]

@@ -5,6 +5,8 @@
 //! types, serialises each session's requests, hands commits to the store's
 //! single writer and publishes markers once they are durable.
 
+pub mod audit;
+pub mod auth;
 pub mod blocking;
 pub mod broker;
 pub mod config;

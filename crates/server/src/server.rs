@@ -21,6 +21,8 @@ use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
 use crate::BuildInfo;
+use crate::audit::{self, AuditLog};
+use crate::auth::{AuthLayer, TokenFileError, Tokens};
 use crate::broker::Broker;
 use crate::config::{Cli, Command, ConfigError, Durability, LogFormat, MemoryShares, Settings};
 use crate::hub::Hub;
@@ -51,6 +53,26 @@ pub enum ServerError {
     /// A TLS file is missing, unreadable or does not fit the others.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The token file is missing, unreadable or has a bad entry.
+    #[error(transparent)]
+    Tokens(#[from] TokenFileError),
+    /// gRPC without authentication (no `auth_tokens_file`) on an address
+    /// that is not loopback, without `allow_insecure`.
+    #[error(
+        "refusing to serve gRPC {}without authentication on {addr}, which is not a loopback \
+         address (anyone who could connect could call every RPC on every session): {}set \
+         auth_tokens_file (--auth-tokens-file, CTXBROKER_AUTH_TOKENS_FILE) to require bearer \
+         tokens, or set allow_insecure (--allow-insecure, CTXBROKER_ALLOW_INSECURE=true) to \
+         serve there anyway",
+        if *.plaintext { "as plaintext and " } else { "" },
+        if *.plaintext { "configure tls_cert and tls_key (--tls-cert, --tls-key) and " } else { "" }
+    )]
+    Unauthenticated {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Whether TLS is missing too.
+        plaintext: bool,
+    },
     /// Plaintext on an address that is not loopback, without
     /// `allow_insecure`.
     #[error(
@@ -69,10 +91,12 @@ pub enum ServerError {
 }
 
 /// A handle on a running daemon, for what signals ask of it: reloading
-/// the TLS files (SIGHUP), and where it serves once it does.
+/// the TLS files and the token file (SIGHUP), and where it serves once it
+/// does.
 #[derive(Debug, Clone)]
 pub struct Control {
     tls: Arc<std::sync::Mutex<Option<Arc<Tls>>>>,
+    tokens: Arc<std::sync::Mutex<Option<Arc<Tokens>>>>,
     serving: tokio::sync::watch::Sender<Option<Serving>>,
 }
 
@@ -89,6 +113,7 @@ impl Default for Control {
     fn default() -> Self {
         Control {
             tls: Arc::default(),
+            tokens: Arc::default(),
             serving: tokio::sync::watch::Sender::new(None),
         }
     }
@@ -112,6 +137,21 @@ impl Control {
         match tls {
             Some(tls) => tls.reload().map(|()| true),
             None => Ok(false),
+        }
+    }
+
+    /// Reads the token file again: calls from then on are checked against
+    /// it. `Ok(None)` when authentication is off (or the daemon has not
+    /// started yet); on an error the tokens in force stay.
+    pub fn reload_tokens(&self) -> Result<Option<crate::auth::RoleCounts>, TokenFileError> {
+        let tokens = self
+            .tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        match tokens {
+            Some(tokens) => tokens.reload().map(Some),
+            None => Ok(None),
         }
     }
 
@@ -147,8 +187,17 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
             return ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2));
         }
     };
-    if let Some(Command::CheckConfig { file }) = cli.command.take() {
-        return check_config(cli, file);
+    match cli.command.take() {
+        Some(Command::CheckConfig { file }) => return check_config(cli, file),
+        Some(Command::Token(command)) => {
+            return ExitCode::from(crate::auth::token_command(
+                &command,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            ));
+        }
+        None => {}
     }
     let settings = match cli.resolve() {
         Ok(settings) => settings,
@@ -282,7 +331,7 @@ fn private_new_files() {}
 
 /// `ctxbrokerd check-config FILE`: the settings the daemon would run with,
 /// as TOML on stdout (exit 0), or every problem on stderr (exit 1). The TLS
-/// files are read and checked as the start would.
+/// files and the token file are read and checked as the start would.
 fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
     cli.config = Some(file.clone());
     match cli.resolve() {
@@ -293,10 +342,26 @@ fn check_config(mut cli: Cli, file: std::path::PathBuf) -> ExitCode {
                 eprintln!("ctxbrokerd: {}: {err}", file.display());
                 return ExitCode::FAILURE;
             }
+            let tokens = match &settings.auth_tokens_file {
+                Some(path) => match Tokens::load(path) {
+                    Ok(tokens) => Some(tokens.table().counts()),
+                    Err(err) => {
+                        eprintln!("ctxbrokerd: {}: {err}", file.display());
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => None,
+            };
             println!(
                 "# {}: valid. The settings in force with it:",
                 file.display()
             );
+            match tokens {
+                Some(counts) => println!("# authentication on: auth_tokens_file has {counts}"),
+                None => println!(
+                    "# authentication off: no auth_tokens_file, every caller is an operator"
+                ),
+            }
             print!("{}", settings.to_toml());
             ExitCode::SUCCESS
         }
@@ -333,8 +398,8 @@ fn init_tracing(settings: &Settings) {
     };
 }
 
-/// Reloads the TLS files on every SIGHUP (which would otherwise end the
-/// process).
+/// Reloads the TLS files and the token file on every SIGHUP (which would
+/// otherwise end the process).
 fn reload_on_hangup(control: Control) {
     #[cfg(unix)]
     {
@@ -342,21 +407,54 @@ fn reload_on_hangup(control: Control) {
         let mut hangups = match signal(SignalKind::hangup()) {
             Ok(hangups) => hangups,
             Err(err) => {
-                warn!(%err, "cannot watch SIGHUP; the TLS files are read only at start");
+                warn!(
+                    %err,
+                    "cannot watch SIGHUP; the TLS files and the token file are read only at start"
+                );
                 return;
             }
         };
         tokio::spawn(async move {
             while hangups.recv().await.is_some() {
                 let reloading = control.clone();
-                let reloaded = tokio::task::spawn_blocking(move || reloading.reload()).await;
-                match reloaded {
-                    Ok(Ok(true)) => info!("SIGHUP: TLS files reloaded; new connections use them"),
-                    Ok(Ok(false)) => info!("SIGHUP: no TLS configured; nothing to reload"),
-                    Ok(Err(err)) => {
+                let reloaded = tokio::task::spawn_blocking(move || {
+                    (reloading.reload(), reloading.reload_tokens())
+                })
+                .await;
+                let (tls, tokens) = match reloaded {
+                    Ok(both) => both,
+                    Err(err) => {
+                        error!(%err, "SIGHUP: the reload task failed");
+                        continue;
+                    }
+                };
+                match (&tls, &tokens) {
+                    (Ok(true), _) => {
+                        info!("SIGHUP: TLS files reloaded; new connections use them")
+                    }
+                    (Ok(false), Ok(None)) => {
+                        info!(
+                            "SIGHUP: no TLS files and no token file configured; nothing to reload"
+                        )
+                    }
+                    (Ok(false), _) => {}
+                    (Err(err), _) => {
                         error!(%err, "SIGHUP: TLS reload failed; the files in force stay")
                     }
-                    Err(err) => error!(%err, "SIGHUP: the TLS reload task failed"),
+                }
+                match tokens {
+                    Ok(Some(counts)) => info!(
+                        tokens = counts.total(),
+                        agent = counts.agent,
+                        watcher = counts.watcher,
+                        operator = counts.operator,
+                        "SIGHUP: token file reloaded; calls from now on use it"
+                    ),
+                    Ok(None) => {}
+                    Err(err) => error!(
+                        %err,
+                        "SIGHUP: token file reload failed; the tokens in force stay"
+                    ),
                 }
             }
         });
@@ -385,6 +483,55 @@ fn plaintext_rule(
          anyone who can reach it can read and send traffic"
     );
     Ok(())
+}
+
+/// Refuses gRPC without authentication on an address that is not loopback
+/// unless `allow_insecure`, and warns when it is allowed.
+fn open_rule(
+    addr: std::net::SocketAddr,
+    plaintext: bool,
+    allow_insecure: bool,
+) -> Result<(), ServerError> {
+    if addr.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    if !allow_insecure {
+        return Err(ServerError::Unauthenticated { addr, plaintext });
+    }
+    warn!(
+        %addr,
+        "serving gRPC WITHOUT AUTHENTICATION on an address that is not loopback \
+         (allow_insecure, no auth_tokens_file): anyone who can connect can call every RPC \
+         on every session"
+    );
+    Ok(())
+}
+
+/// Says at start whether calls are authenticated, and with how many tokens.
+fn log_authentication(tokens: Option<&Tokens>) {
+    let Some(tokens) = tokens else {
+        warn!(
+            "authentication off (no auth_tokens_file): every caller is an operator over every \
+             session; for development only"
+        );
+        return;
+    };
+    let counts = tokens.table().counts();
+    info!(
+        auth_tokens_file = %tokens.path().display(),
+        tokens = counts.total(),
+        agent = counts.agent,
+        watcher = counts.watcher,
+        operator = counts.operator,
+        "authentication on: every call to the broker needs a bearer token from the token file"
+    );
+    if counts.total() == 0 {
+        warn!(
+            auth_tokens_file = %tokens.path().display(),
+            "the token file has no token: every call to the broker is refused until one is added \
+             and the daemon reloaded (SIGHUP)"
+        );
+    }
 }
 
 /// Resolves on the first SIGINT or SIGTERM; a second one exits the process
@@ -461,7 +608,21 @@ pub async fn run_with(
         }
         None => None,
     };
+    let tokens = match &settings.auth_tokens_file {
+        Some(path) => {
+            let tokens = Arc::new(Tokens::load(path)?);
+            *control
+                .tokens
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokens.clone());
+            Some(tokens)
+        }
+        None => None,
+    };
     let local = listener.local_addr().map_err(ServerError::Listen)?;
+    if tokens.is_none() {
+        open_rule(local, tls.is_none(), settings.tls.allow_insecure)?;
+    }
     if tls.is_none() {
         plaintext_rule(
             "gRPC",
@@ -470,6 +631,7 @@ pub async fn run_with(
             settings.tls.allow_insecure,
         )?;
     }
+    log_authentication(tokens.as_deref());
     if let Some(addr) = settings.metrics_addr
         && !settings.tls.metrics_tls
     {
@@ -538,8 +700,21 @@ pub async fn run_with(
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()).with_quotas(quotas));
     let streams_end = CancellationToken::new();
     let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
-    let service = BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability)
-        .with_metrics(metrics.clone());
+    let audit = AuditLog::open(&settings.data_dir).map_err(|err| {
+        ServerError::Store(ctxbroker_store::StoreError::Io(format!(
+            "cannot open the audit log {}: {err}",
+            settings.data_dir.join(audit::FILE_NAME).display()
+        )))
+    })?;
+    let mut service =
+        BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability)
+            .with_metrics(metrics.clone())
+            .with_audit(Arc::new(audit));
+    if tokens.is_some() {
+        // A call that did not pass the layer is refused, never served as
+        // an operator.
+        service = service.require_caller();
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -642,6 +817,7 @@ pub async fn run_with(
     info!(
         %local,
         tls = tls.is_some(),
+        authentication = settings.auth_tokens_file.is_some(),
         client_certificates = settings.tls.tls_client_ca.is_some(),
         version = build.version,
         commit = build.git_commit,
@@ -655,6 +831,9 @@ pub async fn run_with(
         .timeout(settings.request_timeout)
         .http2_keepalive_interval(Some(connections.keepalive_interval))
         .http2_keepalive_timeout(Some(connections.keepalive_timeout))
+        // Every call passes here first: broker calls are authenticated,
+        // health and reflection are not.
+        .layer(AuthLayer::new(tokens))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span, debug, instrument};
 
 use crate::BuildInfo;
+use crate::audit::{Action, AuditLog, Entry};
 use crate::broker::{Admitted, SharedBroker, now_ms};
 use crate::config::Durability;
 use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb};
@@ -25,7 +26,7 @@ use crate::error::{ApiError, BadField};
 use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
 use crate::metrics::Metrics;
 use crate::search;
-use crate::tenant::Caller;
+use crate::tenant::{Caller, Role, Scope};
 use crate::validate;
 
 /// Replies buffered per stream before the stream's task waits for the
@@ -54,6 +55,9 @@ pub struct BrokerService {
     /// authentication layer); without one it is refused. When false, a
     /// request without one is served as [`Caller::open`].
     caller_required: bool,
+    /// Where pins, unpins, approvals, deletions, exports and imports are
+    /// recorded; nowhere until [`BrokerService::with_audit`].
+    audit: Option<Arc<AuditLog>>,
 }
 
 impl BrokerService {
@@ -76,7 +80,36 @@ impl BrokerService {
             durability,
             metrics: None,
             caller_required: false,
+            audit: None,
         }
+    }
+
+    /// Records the audited actions in `log`.
+    pub fn with_audit(mut self, log: Arc<AuditLog>) -> Self {
+        self.audit = Some(log);
+        self
+    }
+
+    /// Records an audited action and how it ended; not a request refused
+    /// as malformed (it named nothing the log could hold).
+    async fn audit<T, E: Refusal>(
+        &self,
+        caller: &Caller,
+        action: Action,
+        session_id: &str,
+        result: &Result<T, E>,
+        detail: impl FnOnce(&T) -> String,
+    ) {
+        let Some(log) = &self.audit else {
+            return;
+        };
+        let (refused, detail) = match result {
+            Ok(reply) => (None, detail(reply)),
+            Err(err) if err.code() == tonic::Code::InvalidArgument => return,
+            Err(err) => (Some(err.code()), String::new()),
+        };
+        log.record(Entry::new(caller, action, session_id, refused, detail))
+            .await;
     }
 
     /// Refuses every request that does not carry a [`Caller`]: set when
@@ -118,30 +151,68 @@ impl BrokerService {
             })
     }
 
-    fn check_id(&self, field: &str, id: &str) -> Result<(), ApiError> {
-        validate::session_id(field, id, self.broker.limits()).map_err(validate::single)
+    /// Refuses a caller that is not an operator (the authentication layer
+    /// already does; this keeps the service safe without it).
+    fn operator_only<T>(&self, request: &Request<T>, rpc: &str) -> Result<(), ApiError> {
+        let caller = self.caller(request)?;
+        if caller.role == Role::Operator {
+            Ok(())
+        } else {
+            Err(ApiError::PermissionDenied {
+                role: caller.role.name(),
+                rpc: rpc.to_owned(),
+                detail: format!("{rpc} needs the operator role"),
+            })
+        }
+    }
+
+    /// Checks a session id as a caller in `scope` names it: a bare id for
+    /// a tenant, a bare or full id for an operator.
+    fn check_named(&self, scope: &Scope, field: &str, id: &str) -> Result<(), BadField> {
+        let limits = self.broker.limits();
+        if scope.tenant_name().is_some() {
+            validate::session_id(field, id, limits)
+        } else {
+            validate::full_session_id(field, id, limits)
+        }
+    }
+
+    /// The full id of the session a caller in `scope` names `id`.
+    fn full_id(&self, scope: &Scope, field: &str, id: &str) -> Result<String, ApiError> {
+        self.check_named(scope, field, id)
+            .map_err(validate::single)?;
+        Ok(scope.full_id(id))
     }
 
     #[instrument(name = "admit", skip_all, fields(session_id = %req.session_id, turn = Empty))]
-    async fn admit_one(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
-        let result = self.admit_checked(req).await;
+    async fn admit_one(
+        &self,
+        scope: &Scope,
+        req: pb::AdmitRequest,
+    ) -> Result<pb::AdmitResponse, ApiError> {
+        let result = self.admit_checked(scope, req).await;
         if let Some(metrics) = &self.metrics {
             metrics.admission(&result);
         }
-        result
+        result.map_err(|err| err.localized(scope))
     }
 
-    async fn admit_checked(&self, req: pb::AdmitRequest) -> Result<pb::AdmitResponse, ApiError> {
+    async fn admit_checked(
+        &self,
+        scope: &Scope,
+        req: pb::AdmitRequest,
+    ) -> Result<pb::AdmitResponse, ApiError> {
         let mut bad = Vec::new();
-        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
+        if let Err(b) = self.check_named(scope, "session_id", &req.session_id) {
             bad.push(b);
         }
         validate::turn_shape(&req.spans, self.broker.limits(), &mut bad);
         validate::finish(bad)?;
         let turn = convert::turn_from_pb(req.spans);
-        let admitted = self.broker.admit(&req.session_id, turn).await?;
+        let full = scope.full_id(&req.session_id);
+        let admitted = self.broker.admit(&full, turn).await?;
         Span::current().record("turn", admitted.turn);
-        Ok(admit_response(admitted))
+        Ok(admit_response(admitted, scope))
     }
 }
 
@@ -150,19 +221,38 @@ fn record_turn(turn: u64) {
     Span::current().record("turn", turn);
 }
 
-fn admit_response(admitted: Admitted) -> pb::AdmitResponse {
+fn admit_response(admitted: Admitted, scope: &Scope) -> pb::AdmitResponse {
     pb::AdmitResponse {
         spans: admitted
             .spans
             .iter()
             .map(|(s, state)| span_to_pb(s, *state, 0.0))
             .collect(),
-        compaction: admitted.marker.as_ref().map(marker_to_pb),
+        compaction: admitted.marker.as_ref().map(|m| marker_in(m, scope)),
         totals: Some(totals_to_pb(&admitted.record)),
         revision: admitted.record.revision,
         turn: admitted.turn,
         replayed: admitted.replayed,
     }
+}
+
+/// A marker as a caller in `scope` reads it: its session named by the id
+/// the caller knows.
+fn marker_in(marker: &ctxbroker_core::Marker, scope: &Scope) -> pb::CompactionMarker {
+    let mut wire = marker_to_pb(marker);
+    if let Some(local) = scope.local_id(&marker.session_id) {
+        wire.session_id = local.to_owned();
+    }
+    wire
+}
+
+/// A session as a caller in `scope` reads it.
+fn session_in(record: &ctxbroker_store::SessionRecord, scope: &Scope) -> pb::Session {
+    let mut wire = session_to_pb(record);
+    if let Some(local) = scope.local_id(&record.id) {
+        wire.session_id = local.to_owned();
+    }
+    wire
 }
 
 /// Sends on a stream's channel unless shutdown comes first. False when the
@@ -228,6 +318,8 @@ pub struct WatchStream {
     shutdown: CancellationToken,
     /// Ended: after the shutdown status or the feed's end.
     ended: bool,
+    /// Whose view the markers are encoded for.
+    scope: Scope,
     /// Held for the stream's life: counts against `max_concurrent_streams`.
     _permit: OwnedSemaphorePermit,
 }
@@ -241,11 +333,17 @@ impl std::fmt::Debug for WatchStream {
 }
 
 impl WatchStream {
-    fn new(feed: MarkerFeed, shutdown: CancellationToken, permit: OwnedSemaphorePermit) -> Self {
+    fn new(
+        feed: MarkerFeed,
+        scope: Scope,
+        shutdown: CancellationToken,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
         WatchStream {
             next: ReusableBoxFuture::new(watch_step(feed, shutdown.clone())),
             shutdown,
             ended: false,
+            scope,
             _permit: permit,
         }
     }
@@ -274,7 +372,9 @@ impl tokio_stream::Stream for WatchStream {
                 .into();
                 return Poll::Ready(Some(Err(status)));
             }
-            WatchStep::Event(Ok(FeedEvent::Marker(marker))) => convert::watch_marker(&marker),
+            WatchStep::Event(Ok(FeedEvent::Marker(marker))) => {
+                convert::watch_marker_in(&marker, &self.scope)
+            }
             WatchStep::Event(Ok(FeedEvent::CaughtUp(next_seq))) => {
                 convert::watch_caught_up(next_seq)
             }
@@ -291,6 +391,40 @@ impl tokio_stream::Stream for WatchStream {
     }
 }
 
+/// An error's gRPC code, whichever form the handler has it in.
+trait Refusal {
+    fn code(&self) -> tonic::Code;
+}
+
+impl Refusal for ApiError {
+    fn code(&self) -> tonic::Code {
+        self.parts().code
+    }
+}
+
+impl Refusal for Status {
+    fn code(&self) -> tonic::Code {
+        Status::code(self)
+    }
+}
+
+/// Runs a handler's body as a caller in `scope`: any error names sessions
+/// by the ids the caller knows them by.
+async fn in_scope<T>(
+    scope: &Scope,
+    body: impl Future<Output = Result<T, ApiError>>,
+) -> Result<Response<T>, Status> {
+    respond(scope, body.await)
+}
+
+/// A handler's result as a caller in `scope` receives it.
+fn respond<T>(scope: &Scope, result: Result<T, ApiError>) -> Result<Response<T>, Status> {
+    match result {
+        Ok(reply) => Ok(Response::new(reply)),
+        Err(err) => Err(err.localized(scope).into()),
+    }
+}
+
 #[tonic::async_trait]
 impl ContextBroker for BrokerService {
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -298,21 +432,26 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        let mut bad = Vec::new();
-        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
-            bad.push(b);
-        }
-        let config = validate::create_config(req.config.as_ref(), self.broker.limits());
-        if let Err(ApiError::InvalidArgument(more)) = &config {
-            bad.extend(more.iter().cloned());
-        }
-        validate::finish(bad)?;
-        let record = self.broker.create_session(&req.session_id, config?).await?;
-        record_turn(record.turns);
-        Ok(Response::new(pb::CreateSessionResponse {
-            session: Some(session_to_pb(&record)),
-        }))
+        in_scope(&scope, async {
+            let mut bad = Vec::new();
+            if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
+                bad.push(b);
+            }
+            let config = validate::create_config(req.config.as_ref(), self.broker.limits());
+            if let Err(ApiError::InvalidArgument(more)) = &config {
+                bad.extend(more.iter().cloned());
+            }
+            validate::finish(bad)?;
+            let full = scope.full_id(&req.session_id);
+            let record = self.broker.create_session(&full, config?).await?;
+            record_turn(record.turns);
+            Ok(pb::CreateSessionResponse {
+                session: Some(session_in(&record, &scope)),
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -320,13 +459,17 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::GetSessionResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let record = self.broker.session(&req.session_id).await?;
-        record_turn(record.turns);
-        Ok(Response::new(pb::GetSessionResponse {
-            session: Some(session_to_pb(&record)),
-        }))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let record = self.broker.session(&full).await?;
+            record_turn(record.turns);
+            Ok(pb::GetSessionResponse {
+                session: Some(session_in(&record, &scope)),
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all)]
@@ -334,34 +477,44 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        let mut bad = Vec::new();
-        let page = validate::bounded("page_size", req.page_size, PAGE, &mut bad);
-        validate::finish(bad)?;
-        let after = if req.page_token.is_empty() {
-            None
-        } else {
-            validate::session_id("page_token", &req.page_token, self.broker.limits()).map_err(
-                |_| {
-                    validate::single(BadField::new(
-                        "page_token",
-                        "is not a token returned by ListSessions",
-                    ))
-                },
-            )?;
-            Some(req.page_token)
-        };
-        let mut records = self.broker.list_sessions(after, page + 1).await?;
-        let next_page_token = if records.len() > page {
-            records.truncate(page);
-            records.last().map(|r| r.id.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
-        Ok(Response::new(pb::ListSessionsResponse {
-            sessions: records.iter().map(session_to_pb).collect(),
-            next_page_token,
-        }))
+        in_scope(&scope, async {
+            let mut bad = Vec::new();
+            let page = validate::bounded("page_size", req.page_size, PAGE, &mut bad);
+            validate::finish(bad)?;
+            let after = if req.page_token.is_empty() {
+                None
+            } else {
+                self.check_named(&scope, "page_token", &req.page_token)
+                    .map_err(|_| {
+                        validate::single(BadField::new(
+                            "page_token",
+                            "is not a token returned by ListSessions",
+                        ))
+                    })?;
+                Some(scope.full_id(&req.page_token))
+            };
+            let mut records = self
+                .broker
+                .list_sessions(scope.prefix(), after, page + 1)
+                .await?;
+            let next_page_token = if records.len() > page {
+                records.truncate(page);
+                records
+                    .last()
+                    .and_then(|r| scope.local_id(&r.id))
+                    .unwrap_or_default()
+                    .to_owned()
+            } else {
+                String::new()
+            };
+            Ok(pb::ListSessionsResponse {
+                sessions: records.iter().map(|r| session_in(r, &scope)).collect(),
+                next_page_token,
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -369,26 +522,29 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::UpdateSessionRequest>,
     ) -> Result<Response<pb::UpdateSessionResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let Some(patch) = req.config else {
-            return Err(validate::single(BadField::new(
-                "config",
-                "is required: the fields to change",
-            ))
-            .into());
-        };
-        let limits = self.broker.limits();
-        let record = self
-            .broker
-            .update_session(&req.session_id, |current| {
-                validate::update_config(current, &patch, limits)
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let Some(patch) = req.config else {
+                return Err(validate::single(BadField::new(
+                    "config",
+                    "is required: the fields to change",
+                )));
+            };
+            let limits = self.broker.limits();
+            let record = self
+                .broker
+                .update_session(&full, |current| {
+                    validate::update_config(current, &patch, limits)
+                })
+                .await?;
+            record_turn(record.turns);
+            Ok(pb::UpdateSessionResponse {
+                session: Some(session_in(&record, &scope)),
             })
-            .await?;
-        record_turn(record.turns);
-        Ok(Response::new(pb::UpdateSessionResponse {
-            session: Some(session_to_pb(&record)),
-        }))
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
@@ -396,17 +552,29 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let spans_deleted = self.broker.delete_session(&req.session_id).await?;
-        Ok(Response::new(pb::DeleteSessionResponse { spans_deleted }))
+        let result = async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let spans_deleted = self.broker.delete_session(&full).await?;
+            Ok(pb::DeleteSessionResponse { spans_deleted })
+        }
+        .await;
+        let full = scope.full_id(&req.session_id);
+        self.audit(&caller, Action::DeleteSession, &full, &result, |r| {
+            format!("{} spans deleted", r.spans_deleted)
+        })
+        .await;
+        respond(&scope, result)
     }
 
     async fn admit(
         &self,
         request: Request<pb::AdmitRequest>,
     ) -> Result<Response<pb::AdmitResponse>, Status> {
-        let reply = self.admit_one(request.into_inner()).await?;
+        let scope = self.caller(&request)?.scope();
+        let reply = self.admit_one(&scope, request.into_inner()).await?;
         Ok(Response::new(reply))
     }
 
@@ -417,6 +585,7 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<Streaming<pb::AdmitStreamRequest>>,
     ) -> Result<Response<Self::AdmitStreamStream>, Status> {
+        let scope = self.caller(&request)?.scope();
         let permit = self.stream_permit()?;
         let mut inbound = request.into_inner();
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
@@ -463,14 +632,14 @@ impl ContextBroker for BrokerService {
                                 if let Some(id) = &bound {
                                     admit.session_id.clone_from(id);
                                 }
-                                service.admit_one(admit.clone()).await
+                                service.admit_one(&scope, admit.clone()).await
                             }
                         };
                         let event = match event {
                             Ok(reply) => {
                                 if bound.is_none() {
                                     bound = Some(admit.session_id.clone());
-                                    let filter = HashSet::from([admit.session_id.clone()]);
+                                    let filter = HashSet::from([scope.full_id(&admit.session_id)]);
                                     // Markers from here on; this turn's own is in the reply.
                                     feed = MarkerFeed::open(
                                         &service.hub,
@@ -509,7 +678,7 @@ impl ContextBroker for BrokerService {
                                 }
                                 let reply = pb::AdmitStreamResponse {
                                     request_id: 0,
-                                    event: Some(pb::admit_stream_response::Event::Marker(marker_to_pb(&marker))),
+                                    event: Some(pb::admit_stream_response::Event::Marker(marker_in(&marker, &scope))),
                                 };
                                 if !send(&out, Ok(reply), &shutdown).await {
                                     break;
@@ -534,19 +703,23 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::GetContextRequest>,
     ) -> Result<Response<pb::GetContextResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let (record, spans) = self.broker.context(&req.session_id).await?;
-        record_turn(record.turns);
-        Ok(Response::new(pb::GetContextResponse {
-            spans: spans
-                .iter()
-                .map(|(span, relevance)| span_to_pb(span, SpanState::Live, *relevance))
-                .collect(),
-            totals: Some(totals_to_pb(&record)),
-            revision: record.revision,
-            turn: record.turns,
-        }))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let (record, spans) = self.broker.context(&full).await?;
+            record_turn(record.turns);
+            Ok(pb::GetContextResponse {
+                spans: spans
+                    .iter()
+                    .map(|(span, relevance)| span_to_pb(span, SpanState::Live, *relevance))
+                    .collect(),
+                totals: Some(totals_to_pb(&record)),
+                revision: record.revision,
+                turn: record.turns,
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, span_id = request.get_ref().span_id))]
@@ -554,12 +727,16 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::GetSpanRequest>,
     ) -> Result<Response<pb::GetSpanResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let stored = self.broker.span(&req.session_id, req.span_id).await?;
-        Ok(Response::new(pb::GetSpanResponse {
-            span: Some(span_to_pb(&stored.span, stored.state, 0.0)),
-        }))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let stored = self.broker.span(&full, req.span_id).await?;
+            Ok(pb::GetSpanResponse {
+                span: Some(span_to_pb(&stored.span, stored.state, 0.0)),
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
@@ -567,11 +744,14 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::SearchSpansRequest>,
     ) -> Result<Response<pb::SearchSpansResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let checked = search::check_search(&req)?;
-        let response = search::run_search(self.broker.store(), &req.session_id, checked).await?;
-        Ok(Response::new(response))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let checked = search::check_search(&req)?;
+            search::run_search(self.broker.store(), &full, checked).await
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
@@ -579,11 +759,14 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::ListSpansRequest>,
     ) -> Result<Response<pb::ListSpansResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let checked = search::check_listing(&req)?;
-        let response = search::run_listing(self.broker.store(), &req.session_id, checked).await?;
-        Ok(Response::new(response))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let checked = search::check_listing(&req)?;
+            search::run_listing(self.broker.store(), &full, checked).await
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -591,21 +774,25 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::PlanCompactionRequest>,
     ) -> Result<Response<pb::PlanCompactionResponse>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let (record, outcome) = self
-            .broker
-            .plan(
-                &req.session_id,
-                u64::from(req.incoming_tokens),
-                req.target_tokens.map(u64::from),
-            )
-            .await?;
-        record_turn(record.turns);
-        Ok(Response::new(pb::PlanCompactionResponse {
-            plan: Some(convert::plan_to_pb(&outcome, record.revision)),
-            verification: Some(convert::verdict_to_pb(&outcome.verdict)),
-        }))
+        in_scope(&scope, async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let (record, outcome) = self
+                .broker
+                .plan(
+                    &full,
+                    u64::from(req.incoming_tokens),
+                    req.target_tokens.map(u64::from),
+                )
+                .await?;
+            record_turn(record.turns);
+            Ok(pb::PlanCompactionResponse {
+                plan: Some(convert::plan_to_pb(&outcome, record.revision)),
+                verification: Some(convert::verdict_to_pb(&outcome.verdict)),
+            })
+        })
+        .await
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -613,60 +800,75 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::CommitCompactionRequest>,
     ) -> Result<Response<pb::CommitCompactionResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        let limits = self.broker.limits();
-        let mut bad = Vec::new();
-        if let Err(b) = validate::session_id("session_id", &req.session_id, limits) {
-            bad.push(b);
-        }
-        let plan_id = PlanId::parse(&req.plan_id);
-        if plan_id.is_none() {
-            bad.push(BadField::new(
-                "plan_id",
-                "is not a plan id returned by PlanCompaction",
-            ));
-        }
-        if let Some(text) = &req.summary_text {
-            validate::text("summary_text", text, limits.max_span_bytes, &mut bad);
-        }
-        if req.compressed_forms.len() > limits.max_spans_per_turn {
-            bad.push(BadField::new(
-                "compressed_forms",
-                format!(
-                    "must hold at most max_spans_per_turn = {} forms; got {}",
-                    limits.max_spans_per_turn,
-                    req.compressed_forms.len()
-                ),
-            ));
-        }
-        let mut seen = HashSet::new();
-        for (i, form) in req.compressed_forms.iter().enumerate() {
-            validate::text(
-                &format!("compressed_forms[{i}].text"),
-                &form.text,
-                limits.max_span_bytes,
-                &mut bad,
-            );
-            if !seen.insert(form.span_id) {
+        let full = scope.full_id(&req.session_id);
+        let planned = req.plan_id.clone();
+        let result = async {
+            let limits = self.broker.limits();
+            let mut bad = Vec::new();
+            if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
+                bad.push(b);
+            }
+            let plan_id = PlanId::parse(&req.plan_id);
+            if plan_id.is_none() {
                 bad.push(BadField::new(
-                    format!("compressed_forms[{i}].span_id"),
-                    format!("span {} has more than one form", form.span_id),
+                    "plan_id",
+                    "is not a plan id returned by PlanCompaction",
                 ));
             }
+            if let Some(text) = &req.summary_text {
+                validate::text("summary_text", text, limits.max_span_bytes, &mut bad);
+            }
+            if req.compressed_forms.len() > limits.max_spans_per_turn {
+                bad.push(BadField::new(
+                    "compressed_forms",
+                    format!(
+                        "must hold at most max_spans_per_turn = {} forms; got {}",
+                        limits.max_spans_per_turn,
+                        req.compressed_forms.len()
+                    ),
+                ));
+            }
+            let mut seen = HashSet::new();
+            for (i, form) in req.compressed_forms.iter().enumerate() {
+                validate::text(
+                    &format!("compressed_forms[{i}].text"),
+                    &form.text,
+                    limits.max_span_bytes,
+                    &mut bad,
+                );
+                if !seen.insert(form.span_id) {
+                    bad.push(BadField::new(
+                        format!("compressed_forms[{i}].span_id"),
+                        format!("span {} has more than one form", form.span_id),
+                    ));
+                }
+            }
+            validate::label("actor", &req.actor, false, &mut bad);
+            validate::finish(bad)?;
+            let Some(plan_id) = plan_id else {
+                return Err(validate::single(BadField::new("plan_id", "is malformed")));
+            };
+            let full = scope.full_id(&req.session_id);
+            let actor = attested_actor(&caller, &req.actor);
+            let edits = convert::edits_from_pb(req.summary_text, req.compressed_forms, actor);
+            let committed = self.broker.commit(&full, plan_id, edits).await?;
+            record_turn(committed.record.turns);
+            Ok(pb::CommitCompactionResponse {
+                marker: committed.marker.as_ref().map(|m| marker_in(m, &scope)),
+                totals: Some(totals_to_pb(&committed.record)),
+                revision: committed.record.revision,
+            })
         }
-        validate::label("actor", &req.actor, false, &mut bad);
-        validate::finish(bad)?;
-        let Some(plan_id) = plan_id else {
-            return Err(validate::single(BadField::new("plan_id", "is malformed")).into());
-        };
-        let edits = convert::edits_from_pb(req.summary_text, req.compressed_forms, req.actor);
-        let committed = self.broker.commit(&req.session_id, plan_id, edits).await?;
-        record_turn(committed.record.turns);
-        Ok(Response::new(pb::CommitCompactionResponse {
-            marker: committed.marker.as_ref().map(marker_to_pb),
-            totals: Some(totals_to_pb(&committed.record)),
-            revision: committed.record.revision,
-        }))
+        .await;
+        self.audit(&caller, Action::CommitCompaction, &full, &result, |r| {
+            let seq = r.marker.as_ref().map_or(0, |m| m.seq);
+            format!("plan {planned}, marker {seq}")
+        })
+        .await;
+        respond(&scope, result)
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -674,24 +876,33 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::PinRequest>,
     ) -> Result<Response<pb::PinResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        self.check_id("session_id", &req.session_id)?;
-        let predicate = req.predicate.unwrap_or_default();
-        let mut bad = Vec::new();
-        validate::modality("predicate", &predicate, &mut bad);
-        validate::finish(bad)?;
-        let predicate = convert::predicate_from_pb(predicate);
-        let committed = self
-            .broker
-            .pin(&req.session_id, req.span_id, predicate)
-            .await?;
-        record_turn(committed.record.turns);
-        Ok(Response::new(pb::PinResponse {
-            span: committed
-                .replaced
-                .first()
-                .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
-        }))
+        let full = scope.full_id(&req.session_id);
+        let span_id = req.span_id;
+        let result = async {
+            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            let predicate = req.predicate.unwrap_or_default();
+            let mut bad = Vec::new();
+            validate::modality("predicate", &predicate, &mut bad);
+            validate::finish(bad)?;
+            let predicate = convert::predicate_from_pb(predicate);
+            let committed = self.broker.pin(&full, req.span_id, predicate).await?;
+            record_turn(committed.record.turns);
+            Ok(pb::PinResponse {
+                span: committed
+                    .replaced
+                    .first()
+                    .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
+            })
+        }
+        .await;
+        self.audit(&caller, Action::Pin, &full, &result, |_| {
+            format!("span {span_id}")
+        })
+        .await;
+        respond(&scope, result)
     }
 
     #[instrument(skip_all, fields(session_id = %request.get_ref().session_id, turn = Empty))]
@@ -699,26 +910,43 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::UnpinRequest>,
     ) -> Result<Response<pb::UnpinResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
         let req = request.into_inner();
-        let mut bad = Vec::new();
-        if let Err(b) = validate::session_id("session_id", &req.session_id, self.broker.limits()) {
-            bad.push(b);
+        let full = scope.full_id(&req.session_id);
+        let (span_id, reason) = (req.span_id, req.reason.clone());
+        let result = async {
+            let mut bad = Vec::new();
+            if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
+                bad.push(b);
+            }
+            // With a token, the token says who asked; without one, the
+            // caller must.
+            validate::label("actor", &req.actor, caller.token_id.is_none(), &mut bad);
+            validate::label("reason", &req.reason, true, &mut bad);
+            validate::finish(bad)?;
+            let full = scope.full_id(&req.session_id);
+            let actor = attested_actor(&caller, &req.actor);
+            let committed = self
+                .broker
+                .unpin(&full, req.span_id, &actor, &req.reason)
+                .await?;
+            record_turn(committed.record.turns);
+            Ok(pb::UnpinResponse {
+                span: committed
+                    .replaced
+                    .first()
+                    .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
+                marker: committed.marker.as_ref().map(|m| marker_in(m, &scope)),
+            })
         }
-        validate::label("actor", &req.actor, true, &mut bad);
-        validate::label("reason", &req.reason, true, &mut bad);
-        validate::finish(bad)?;
-        let committed = self
-            .broker
-            .unpin(&req.session_id, req.span_id, &req.actor, &req.reason)
-            .await?;
-        record_turn(committed.record.turns);
-        Ok(Response::new(pb::UnpinResponse {
-            span: committed
-                .replaced
-                .first()
-                .map(|s| span_to_pb(s, SpanState::Live, 0.0)),
-            marker: committed.marker.as_ref().map(marker_to_pb),
-        }))
+        .await;
+        self.audit(&caller, Action::Unpin, &full, &result, |r| {
+            let seq = r.marker.as_ref().map_or(0, |m| m.seq);
+            format!("span {span_id}, marker {seq}, reason {reason:?}")
+        })
+        .await;
+        respond(&scope, result)
     }
 
     type WatchCompactionsStream = WatchStream;
@@ -728,6 +956,7 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::WatchCompactionsRequest>,
     ) -> Result<Response<Self::WatchCompactionsStream>, Status> {
+        let scope = self.caller(&request)?.scope();
         let req = request.into_inner();
         let limits = self.broker.limits();
         let mut bad = Vec::new();
@@ -742,7 +971,7 @@ impl ContextBroker for BrokerService {
             ));
         } else {
             for (i, id) in req.session_ids.iter().enumerate() {
-                if let Err(b) = validate::session_id(&format!("session_ids[{i}]"), id, limits) {
+                if let Err(b) = self.check_named(&scope, &format!("session_ids[{i}]"), id) {
                     bad.push(b);
                 }
             }
@@ -759,14 +988,20 @@ impl ContextBroker for BrokerService {
         };
         validate::finish(bad)?;
         let permit = self.stream_permit()?;
-        let filter = (!req.session_ids.is_empty())
-            .then(|| req.session_ids.iter().cloned().collect::<HashSet<_>>());
-        let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?;
+        let filter = (!req.session_ids.is_empty()).then(|| {
+            req.session_ids
+                .iter()
+                .map(|id| scope.full_id(id))
+                .collect::<HashSet<_>>()
+        });
+        let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?
+            .within(scope.prefix());
         if let Some(metrics) = &self.metrics {
             feed.track(metrics.watcher(feed.next_seq()));
         }
         Ok(Response::new(WatchStream::new(
             feed,
+            scope,
             self.shutdown.clone(),
             permit,
         )))
@@ -777,6 +1012,7 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::SelectTriggerRequest>,
     ) -> Result<Response<pb::SelectTriggerResponse>, Status> {
+        self.caller(&request)?;
         let req = request.into_inner();
         let Some(w) = req.workload else {
             return Err(validate::single(BadField::new("workload", "is required")).into());
@@ -807,8 +1043,9 @@ impl ContextBroker for BrokerService {
     #[instrument(skip_all)]
     async fn get_server_info(
         &self,
-        _request: Request<pb::GetServerInfoRequest>,
+        request: Request<pb::GetServerInfoRequest>,
     ) -> Result<Response<pb::GetServerInfoResponse>, Status> {
+        self.caller(&request)?;
         let bounds = self.broker.store().marker_bounds();
         Ok(Response::new(pb::GetServerInfoResponse {
             version: self.build.version.to_owned(),
@@ -836,8 +1073,16 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::ExportSessionRequest>,
     ) -> Result<Response<pb::ExportSessionResponse>, Status> {
-        let reply = crate::transfer::export_session(&self.broker, request.into_inner()).await?;
-        Ok(Response::new(reply))
+        self.operator_only(&request, "ExportSession")?;
+        let caller = self.caller(&request)?;
+        let req = request.into_inner();
+        let id = req.session_id.clone();
+        let result = crate::transfer::export_session(&self.broker, req).await;
+        self.audit(&caller, Action::ExportSession, &id, &result, |r| {
+            format!("{} bytes", r.snapshot_bytes)
+        })
+        .await;
+        result.map(Response::new)
     }
 
     #[instrument(skip_all)]
@@ -845,7 +1090,35 @@ impl ContextBroker for BrokerService {
         &self,
         request: Request<pb::ImportSessionRequest>,
     ) -> Result<Response<pb::ImportSessionResponse>, Status> {
-        let reply = crate::transfer::import_session(&self.broker, request.into_inner()).await?;
-        Ok(Response::new(reply))
+        self.operator_only(&request, "ImportSession")?;
+        let caller = self.caller(&request)?;
+        let req = request.into_inner();
+        let id = req
+            .snapshot
+            .as_ref()
+            .map(|s| s.session_id.clone())
+            .unwrap_or_default();
+        let result = crate::transfer::import_session(&self.broker, req).await;
+        self.audit(&caller, Action::ImportSession, &id, &result, |r| {
+            let spans = r
+                .session
+                .as_ref()
+                .map_or(0, |s| s.totals.as_ref().map_or(0, |t| t.live_spans));
+            format!("{spans} live spans")
+        })
+        .await;
+        result.map(Response::new)
+    }
+}
+
+/// The actor a marker records: the authenticated token, and what the
+/// caller said of itself when it said something. With auth off, only the
+/// caller's word.
+fn attested_actor(caller: &Caller, declared: &str) -> String {
+    let token = caller.actor();
+    match (token.is_empty(), declared.is_empty()) {
+        (true, _) => declared.to_owned(),
+        (false, true) => token,
+        (false, false) => format!("{token} (as {declared})"),
     }
 }

@@ -213,4 +213,43 @@ mod tests {
         assert_eq!(Caller::open().actor(), "");
         assert_eq!(Caller::open().scope(), Scope::all());
     }
+
+    #[test]
+    fn an_operator_names_a_tenants_session_by_its_full_id() {
+        let limits = crate::config::Limits::default();
+        for good in ["s1", "acme/s1", "acme-1.x/agent:7"] {
+            assert!(
+                crate::validate::full_session_id("session_id", good, &limits).is_ok(),
+                "{good}"
+            );
+        }
+        for bad in ["", "/s1", "acme/", "acme/s/1", "a b/s1", "acme/s 1"] {
+            let err = crate::validate::full_session_id("session_id", bad, &limits).expect_err(bad);
+            assert_eq!(err.field, "session_id", "{bad}");
+        }
+        // A tenant's caller names bare ids only.
+        assert!(crate::validate::session_id("session_id", "acme/s1", &limits).is_err());
+    }
+
+    #[test]
+    fn errors_name_sessions_as_the_caller_knows_them() {
+        use crate::error::ApiError;
+        let acme = Scope::tenant("acme");
+        let local = ApiError::SessionNotFound("acme/s1".into()).localized(&acme);
+        assert!(matches!(&local, ApiError::SessionNotFound(id) if id == "s1"));
+        let span = ApiError::SpanNotLive {
+            session_id: "acme/s1".into(),
+            span_id: 3,
+        }
+        .localized(&acme);
+        assert!(!span.to_string().contains("acme"), "{span}");
+        let parts = span.parts();
+        assert_eq!(
+            parts.metadata.get("session_id").map(String::as_str),
+            Some("s1")
+        );
+        // An operator reads full ids.
+        let full = ApiError::SessionNotFound("acme/s1".into()).localized(&Scope::all());
+        assert!(matches!(&full, ApiError::SessionNotFound(id) if id == "acme/s1"));
+    }
 }

@@ -37,7 +37,7 @@ pub async fn export_session(
     broker: &Broker,
     req: pb::ExportSessionRequest,
 ) -> Result<pb::ExportSessionResponse, Status> {
-    validate::session_id("session_id", &req.session_id, broker.limits())
+    validate::full_session_id("session_id", &req.session_id, broker.limits())
         .map_err(validate::single)?;
     let id = req.session_id.clone();
     // A large session is read and encoded off the runtime's workers.
@@ -92,7 +92,7 @@ pub async fn import_session(
         ))
         .into());
     };
-    validate::session_id("snapshot.session_id", &snapshot.session_id, limits)
+    validate::full_session_id("snapshot.session_id", &snapshot.session_id, limits)
         .map_err(validate::single)?;
     let import = SessionImport::open(
         snapshot.format_version,

@@ -43,6 +43,18 @@ pub fn session_id(field: &str, id: &str, limits: &Limits) -> Result<(), BadField
     Ok(())
 }
 
+/// Checks a full session id as an operator names it: a session id, or
+/// `tenant/session` for a session of a tenant.
+pub fn full_session_id(field: &str, id: &str, limits: &Limits) -> Result<(), BadField> {
+    match id.split_once(crate::tenant::SEPARATOR) {
+        Some((tenant, session)) => {
+            crate::tenant::check_tenant(field, tenant)?;
+            session_id(field, session, limits)
+        }
+        None => session_id(field, id, limits),
+    }
+}
+
 /// Turns a single bad field into the request's error.
 pub fn single(bad: BadField) -> ApiError {
     ApiError::InvalidArgument(vec![bad])

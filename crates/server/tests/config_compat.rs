@@ -48,6 +48,7 @@ const ENV: &[(&str, &str)] = &[
     ("CTXBROKER_TLS_CLIENT_CA", "/env/ca.pem"),
     ("CTXBROKER_METRICS_TLS", "false"),
     ("CTXBROKER_ALLOW_INSECURE", "false"),
+    ("CTXBROKER_AUTH_TOKENS_FILE", "/env/tokens.toml"),
 ];
 
 /// A file with every key (`log` spelt as the flag; `listen_fd` and the
@@ -82,6 +83,7 @@ tls_key = "/file/key.pem"
 tls_client_ca = "/file/ca.pem"
 metrics_tls = true
 allow_insecure = true
+auth_tokens_file = "/file/tokens.toml"
 "#;
 
 /// The keys [`FILE`] leaves out: an inherited socket wins over `listen`.
@@ -164,6 +166,10 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
             }
         },
         quota: Default::default(),
+        auth_tokens_file: Some(PathBuf::from(format!(
+            "{}/tokens.toml",
+            data_dir.trim_end_matches("/data")
+        ))),
     }
 }
 
@@ -184,6 +190,10 @@ fn assert_settings(got: &Settings, want: &Settings, case: &str) {
     assert_eq!(got.limits, want.limits, "{case}: limits");
     assert_eq!(got.connections, want.connections, "{case}: connections");
     assert_eq!(got.tls, want.tls, "{case}: tls");
+    assert_eq!(
+        got.auth_tokens_file, want.auth_tokens_file,
+        "{case}: auth_tokens_file"
+    );
 }
 
 #[test]
@@ -209,6 +219,7 @@ fn every_key_variable_and_flag_resolves_with_flag_over_env_over_file_over_defaul
     assert_eq!(defaults.request_timeout, Duration::from_secs(30));
     assert_eq!(defaults.metrics_addr, None);
     assert_eq!(defaults.metrics_top_sessions, 10);
+    assert_eq!(defaults.auth_tokens_file, None);
     assert_eq!(
         defaults.limits,
         Limits {
@@ -321,6 +332,8 @@ fn every_key_variable_and_flag_resolves_with_flag_over_env_over_file_over_defaul
         "/flag/ca.pem",
         "--metrics-tls",
         "--allow-insecure=true",
+        "--auth-tokens-file",
+        "/flag/tokens.toml",
     ];
     let mut with_fd = flags.to_vec();
     with_fd.extend(["--listen-fd", "7"]);

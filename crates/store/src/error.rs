@@ -33,8 +33,8 @@ pub enum StoreError {
         /// The revision stored.
         actual: u64,
     },
-    /// A session id is empty or longer than 128 bytes.
-    #[error("session id of {len} bytes is invalid: ids are 1 to 128 bytes")]
+    /// A session id is empty or longer than 255 bytes.
+    #[error("session id of {len} bytes is invalid: ids are 1 to 255 bytes")]
     InvalidSessionId {
         /// Its length in bytes.
         len: usize,

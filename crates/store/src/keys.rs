@@ -9,7 +9,9 @@
 use crate::error::StoreError;
 
 /// The longest session id, in bytes (it must fit the one-byte prefix).
-pub(crate) const MAX_SESSION_ID_BYTES: usize = 128;
+/// The server's ids are at most 128 bytes; a tenant's session is keyed by
+/// its full id, `tenant/session`, which adds up to 65 bytes.
+pub(crate) const MAX_SESSION_ID_BYTES: usize = 255;
 
 /// The meta key holding the format version.
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
@@ -95,7 +97,7 @@ pub(crate) fn session_key(id: &str) -> Vec<u8> {
 /// archive trees. The id must have passed [`check_session_id`].
 pub(crate) fn session_prefix(id: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + id.len() + 8);
-    // check_session_id bounds the length to 128, so it fits one byte.
+    // check_session_id bounds the length to 255, so it fits one byte.
     key.push(id.len().min(MAX_SESSION_ID_BYTES) as u8);
     key.extend_from_slice(id.as_bytes());
     key
@@ -248,7 +250,7 @@ mod tests {
     #[test]
     fn session_ids_are_bounded() {
         assert!(check_session_id("").is_err());
-        assert!(check_session_id(&"x".repeat(128)).is_ok());
-        assert!(check_session_id(&"x".repeat(129)).is_err());
+        assert!(check_session_id(&"x".repeat(255)).is_ok());
+        assert!(check_session_id(&"x".repeat(256)).is_err());
     }
 }

@@ -246,10 +246,22 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>, StoreError> {
+        self.sessions_under("", after, limit)
+    }
+
+    /// Sessions whose ids start with `prefix`, in id order after `after`,
+    /// at most `limit`: one tenant's sessions when the prefix is
+    /// `tenant/`.
+    pub fn sessions_under(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
         self.reading("sessions");
         let start = match after {
-            Some(after) => Bound::Excluded(keys::session_key(after)),
-            None => Bound::Unbounded,
+            Some(after) if after > prefix => Bound::Excluded(keys::session_key(after)),
+            _ => Bound::Included(keys::session_key(prefix)),
         };
         let tree = &self.inner.trees.sessions;
         let range = tree.range::<Vec<u8>, _>((start.clone(), Bound::Unbounded));
@@ -257,6 +269,9 @@ impl Store {
         let mut last = None;
         for entry in range.take(limit) {
             let (key, value) = entry.map_err(StoreError::engine)?;
+            if !key.starts_with(prefix.as_bytes()) {
+                break;
+            }
             out.push(record::decode_session(&key, &value)?);
             last = Some(key);
         }

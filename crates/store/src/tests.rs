@@ -687,3 +687,53 @@ async fn a_store_written_before_the_index_is_indexed_at_open() {
     assert_eq!(search_ids(&store, "hurt", "span").unwrap(), [3, 2, 1]);
     assert_eq!(search_ids(&store, "fine", "span").unwrap(), [3, 2, 1]);
 }
+
+#[tokio::test]
+async fn a_prefix_lists_one_tenants_sessions_in_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let long = format!("{}/{}", "t".repeat(64), "s".repeat(128));
+    for id in [
+        "acme/a",
+        "acme/b",
+        "acme/c",
+        "acmex/a",
+        "beta/a",
+        "bare",
+        long.as_str(),
+    ] {
+        store.write(Session::new(id).create()).await.unwrap();
+    }
+    let ids = |records: Vec<SessionRecord>| records.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.sessions_under("acme/", None, 10).unwrap()),
+        ["acme/a", "acme/b", "acme/c"]
+    );
+    assert_eq!(
+        ids(store.sessions_under("acme/", None, 2).unwrap()),
+        ["acme/a", "acme/b"]
+    );
+    assert_eq!(
+        ids(store.sessions_under("acme/", Some("acme/b"), 10).unwrap()),
+        ["acme/c"]
+    );
+    // A token from before the prefix starts at its first id; one after it
+    // finds nothing.
+    assert_eq!(
+        ids(store.sessions_under("acme/", Some("a"), 1).unwrap()),
+        ["acme/a"]
+    );
+    assert!(
+        store
+            .sessions_under("acme/", Some("b"), 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ids(store.sessions_under("beta/", None, 10).unwrap()),
+        ["beta/a"]
+    );
+    assert!(store.sessions_under("gamma/", None, 10).unwrap().is_empty());
+    assert_eq!(store.sessions_under("", None, 10).unwrap().len(), 7);
+    assert_eq!(store.session(&long).unwrap().unwrap().id, long);
+}

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use serde::Serialize;
 
 use super::{Durability, LogFormat};
+use crate::tenant::Role;
 
 /// ctxbrokerd: the ctxbroker daemon.
 ///
@@ -100,6 +101,14 @@ pub struct Cli {
     #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[arg(help_heading = "TLS")]
     pub allow_insecure: Option<bool>,
+    /// A TOML file of bearer tokens (the SHA-256 of each, with its id,
+    /// role and tenant; re-read on SIGHUP). Set, every call to the broker
+    /// needs `authorization: Bearer <token>` and the token's role decides
+    /// what it may call; make entries with `ctxbrokerd token new`
+    /// [default: none: authentication off, every caller is an operator].
+    #[arg(long, env = "CTXBROKER_AUTH_TOKENS_FILE", value_name = "FILE")]
+    #[arg(help_heading = "Authentication")]
+    pub auth_tokens_file: Option<PathBuf>,
     /// The data directory [default: ./ctxbroker-data].
     #[arg(long, env = "CTXBROKER_DATA_DIR", value_name = "DIR")]
     #[arg(help_heading = "Storage")]
@@ -191,6 +200,9 @@ pub struct Cli {
 /// What `ctxbrokerd` can do instead of serving.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
 pub enum Command {
+    /// Make bearer tokens and their token file entries.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Check a TOML config file: print the settings the daemon would run
     /// with (as TOML) and exit 0, or name every bad key and exit 1.
     ///
@@ -201,4 +213,40 @@ pub enum Command {
         #[arg(value_name = "FILE")]
         file: PathBuf,
     },
+}
+
+/// `ctxbrokerd token ...`: tokens for `auth_tokens_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+pub enum TokenCommand {
+    /// Make a fresh token (32 random bytes, as 64 hexadecimal digits):
+    /// the token alone on stdout, its `[[token]]` entry for the token file
+    /// on stderr (TOML, comments included, ready to append).
+    #[command(
+        after_help = "Example: TOKEN=$(ctxbrokerd token new --id ci-bot --role agent --tenant acme \
+                      2>>/etc/ctxbroker/tokens.toml), then SIGHUP the daemon."
+    )]
+    New {
+        /// The token's id: named in logs, never secret; 1 to 64 bytes of
+        /// A-Z, a-z, 0-9, '.', '_', '-'.
+        #[arg(long)]
+        id: String,
+        /// What the token may do: `agent` (its tenant's sessions, all but
+        /// export and import), `watcher` (read and watch its tenant's
+        /// sessions) or `operator` (everything, every tenant).
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// The tenant whose sessions an agent or watcher token reaches;
+        /// not for an operator.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Print the SHA-256 of a token read from stdin (one trailing newline
+    /// ignored), as the token file's `sha256` wants it: for tokens made
+    /// elsewhere.
+    Hash,
+}
+
+fn parse_role(name: &str) -> Result<Role, String> {
+    crate::auth::parse_role(name)
+        .ok_or_else(|| format!("{name:?} is not a role: agent, watcher or operator"))
 }

@@ -19,7 +19,7 @@ use clap::ValueEnum;
 use figment::value::{Dict, Value};
 use serde::{Deserialize, Serialize};
 
-pub use flags::{Cli, Command};
+pub use flags::{Cli, Command, TokenCommand};
 pub use load::{ConfigError, KeyProblem, file_keys};
 
 /// How the daemon gets its listening socket: the file keys `listen` and
@@ -425,6 +425,11 @@ pub struct Settings {
     pub connections: ConnectionSettings,
     /// Per-tenant quotas (the `[quota]` table).
     pub quota: QuotaSettings,
+    /// The token file (see [`crate::auth`]): set, every call to the broker
+    /// service needs a bearer token it lists, and the token's role decides
+    /// what it may call; unset, authentication is off and every caller is
+    /// an operator.
+    pub auth_tokens_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -443,6 +448,7 @@ impl Default for Settings {
             tls: TlsSettings::default(),
             connections: ConnectionSettings::default(),
             quota: QuotaSettings::default(),
+            auth_tokens_file: None,
         }
     }
 }

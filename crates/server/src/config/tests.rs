@@ -264,6 +264,7 @@ fn sample() -> Settings {
             )]
             .into(),
         },
+        auth_tokens_file: Some(PathBuf::from("/etc/ctx/tokens.toml")),
     }
 }
 
@@ -504,4 +505,45 @@ fn bad_quota_keys_names_and_rates_are_refused() {
             .unwrap_err();
         assert!(err.to_string().contains(expected), "{text}: {err}");
     }
+}
+
+#[test]
+fn token_commands_parse_their_role_and_refuse_an_unknown_one() {
+    let parsed = cli(&[
+        "token", "new", "--id", "ci-bot", "--role", "agent", "--tenant", "acme",
+    ]);
+    assert_eq!(
+        parsed.command,
+        Some(Command::Token(TokenCommand::New {
+            id: "ci-bot".into(),
+            role: crate::tenant::Role::Agent,
+            tenant: Some("acme".into()),
+        }))
+    );
+    assert_eq!(
+        cli(&["token", "hash"]).command,
+        Some(Command::Token(TokenCommand::Hash))
+    );
+    let err = Cli::try_parse_from(["ctxbrokerd", "token", "new", "--id", "x", "--role", "admin"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"admin\" is not a role"), "{err}");
+}
+
+#[test]
+fn the_token_file_is_a_setting_shown_when_unset() {
+    assert_eq!(cli(&[]).resolve().unwrap().auth_tokens_file, None);
+    let toml = Settings::default().to_toml();
+    assert!(toml.contains("# auth_tokens_file is not set\n"), "{toml}");
+    let set = cli(&["--auth-tokens-file", "/etc/ctx/tokens.toml"])
+        .resolve()
+        .unwrap();
+    assert_eq!(
+        set.auth_tokens_file,
+        Some(PathBuf::from("/etc/ctx/tokens.toml"))
+    );
+    assert!(
+        set.log_line()
+            .contains("auth_tokens_file=\"/etc/ctx/tokens.toml\"")
+    );
 }
