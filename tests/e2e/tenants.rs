@@ -546,22 +546,34 @@ async fn another_tenants_session_is_not_found_on_every_rpc() {
     let find = |action: &str, session: &str, outcome: &str| {
         entries
             .iter()
-            .find(|e| e["action"] == action && e["session_id"] == session && e["outcome"] == outcome)
+            .find(|e| {
+                e["action"] == action && e["session_id"] == session && e["outcome"] == outcome
+            })
             .unwrap_or_else(|| panic!("no {action} {session} {outcome} in {audit}"))
     };
     let unpin = find("unpin", "acme/s1", "ok");
     assert_eq!(unpin["token_id"], "acme-agent");
     assert_eq!(unpin["token_tenant"], "acme");
     assert_eq!(unpin["tenant"], "acme");
-    assert!(unpin["detail"].as_str().unwrap().contains(&format!("span {span_id}")));
+    assert!(
+        unpin["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("span {span_id}"))
+    );
     let tried = find("unpin", "beta/s1", "NOT_FOUND");
-    assert_eq!(tried["token_id"], "beta-agent", "beta's attempt is recorded too");
+    assert_eq!(
+        tried["token_id"], "beta-agent",
+        "beta's attempt is recorded too"
+    );
     let deleted = find("delete_session", "beta/s1", "ok");
     assert_eq!(deleted["token_id"], "root");
     assert_eq!(deleted["role"], "operator");
     find("export_session", "acme/s1", "ok");
     assert!(
-        !entries.iter().any(|e| e["session_id"] == "acme/s1" && e["token_id"] == "beta-agent"),
+        !entries
+            .iter()
+            .any(|e| e["session_id"] == "acme/s1" && e["token_id"] == "beta-agent"),
         "beta's requests never touched acme's session"
     );
 }
