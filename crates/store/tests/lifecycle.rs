@@ -38,8 +38,8 @@ async fn sessions_are_created_once_and_listed_in_id_order() {
         Err(StoreError::InvalidSessionId { len: 0 })
     ));
     assert!(matches!(
-        store.write(Session::new(&"x".repeat(129)).create()).await,
-        Err(StoreError::InvalidSessionId { len: 129 })
+        store.write(Session::new(&"x".repeat(256)).create()).await,
+        Err(StoreError::InvalidSessionId { len: 256 })
     ));
 }
 

@@ -306,7 +306,7 @@ async fn damaged_altered_or_inconsistent_snapshots_are_refused_by_part() {
         (
             "an id the store cannot hold",
             {
-                let id = "x".repeat(200);
+                let id = "x".repeat(300);
                 SessionExport {
                     checksum: snapshot_checksum(1, &id, &good.body),
                     session_id: id,
@@ -314,7 +314,7 @@ async fn damaged_altered_or_inconsistent_snapshots_are_refused_by_part() {
                 }
             },
             SnapshotPart::SessionId,
-            "got 200",
+            "got 300",
         ),
         (
             "a truncated body",
