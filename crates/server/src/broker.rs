@@ -194,7 +194,6 @@ impl Broker {
     /// and, once the store acknowledges it, applies it to the session in
     /// memory. Cancel-safe: if this future is dropped while the writer
     /// holds the change, the next request reloads from disk.
-    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
     pub(crate) async fn persist(
         &self,
         loaded: &mut Loaded,
@@ -207,6 +206,7 @@ impl Broker {
     /// [`Broker::persist`], charging the change's text bytes to the
     /// session's tenant, less what `hold` reserved for them (given back
     /// if the write fails).
+    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
     async fn persist_held(
         &self,
         loaded: &mut Loaded,
