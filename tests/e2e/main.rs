@@ -33,6 +33,7 @@ mod ops;
 mod policy;
 #[cfg(unix)]
 mod private;
+mod quota;
 mod resident;
 mod retry;
 mod search;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ctxbroker_server::config::Durability;
+use ctxbroker_server::config::{Durability, QuotaSettings};
 use ctxbroker_server::{BuildInfo, Settings};
 
 use crate::common::Failure;
@@ -32,11 +32,13 @@ pub const BUILD: BuildInfo = BuildInfo {
     contract_digest: "bench",
 };
 
-/// `daemon --durability flush|relaxed --data-dir DIR`: serves until stdin
-/// closes. Hidden: the measurements start it themselves.
+/// `daemon --durability flush|relaxed --data-dir DIR [--quota-json JSON]`:
+/// serves until stdin closes. `--quota-json` is the `[quota]` table as
+/// JSON. Hidden: the measurements start it themselves.
 pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let mut durability = Durability::Flush;
     let mut data_dir: Option<PathBuf> = None;
+    let mut quota = QuotaSettings::default();
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
         let value = rest
@@ -45,6 +47,7 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
         match flag.as_str() {
             "--durability" => durability = parse_durability(value)?,
             "--data-dir" => data_dir = Some(PathBuf::from(value)),
+            "--quota-json" => quota = serde_json::from_str(value)?,
             other => return Err(format!("daemon: unknown flag {other}").into()),
         }
     }
@@ -52,6 +55,7 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let settings = Settings {
         data_dir,
         durability,
+        quota,
         ..Settings::default()
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -111,6 +115,21 @@ impl DaemonProcess {
 
     /// Starts `program`'s `daemon` subcommand (a `ctxbroker-bench` binary).
     pub fn spawn_program(program: &Path, durability: Durability) -> Result<DaemonProcess, Failure> {
+        DaemonProcess::spawn_program_with(program, durability, &[])
+    }
+
+    /// [`DaemonProcess::spawn`] with extra flags for the `daemon`
+    /// subcommand (`--quota-json JSON`).
+    pub fn spawn_with(durability: Durability, extra: &[String]) -> Result<DaemonProcess, Failure> {
+        let exe = std::env::current_exe()?;
+        DaemonProcess::spawn_program_with(&exe, durability, extra)
+    }
+
+    fn spawn_program_with(
+        program: &Path,
+        durability: Durability,
+        extra: &[String],
+    ) -> Result<DaemonProcess, Failure> {
         let dir = tempfile::tempdir()?;
         // A profiler may wrap the daemon: CTXBROKER_BENCH_DAEMON_WRAPPER="valgrind
         // --tool=callgrind" runs `valgrind --tool=callgrind PROGRAM daemon ...`.
@@ -130,6 +149,7 @@ impl DaemonProcess {
             .arg(durability_flag(durability))
             .arg("--data-dir")
             .arg(dir.path().join("data"))
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -8,6 +8,7 @@ pub mod classify;
 pub mod common;
 pub mod daemon;
 pub mod plan;
+pub mod quota;
 pub mod replay;
 pub mod search;
 pub mod storage;

@@ -13,6 +13,7 @@
 //! ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session] [--unlabelled]
 //! ctxbroker-bench storage [--sessions N] [--spans N] [--daemon PATH] [--dir DIR] [--reuse] ...
 //! ctxbroker-bench search [--spans N,N,...] [--queries N] [--batch N]
+//! ctxbroker-bench quota [--turns N] [--rounds N] [--flood-quota R] [--flood-rate R] [--flooders N]
 //! ```
 //!
 //! `admit`: admission throughput and latency under a realistic turn mix,
@@ -37,6 +38,9 @@
 //! per category, training and held-out splits; `classify train` fits it on
 //! the training split and writes the weights core compiles in.
 //!
+//! `quota`: a tenant's admission latency alone and while another tenant
+//! floods past its `admits_per_second` quota (`quota.rs`).
+//!
 //! `tokens`: the token counter against tiktoken-rs on a fixed corpus and
 //! on adversarial input, for o200k_base and cl100k_base.
 
@@ -54,6 +58,7 @@ async fn main() -> Result<(), Failure> {
         Some("stalled-watcher") => watch::stalled_watcher_main(rest).await,
         Some("watch") => watch::watch_main(rest).await,
         Some("plan") => ctxbroker_bench::plan::plan_main(rest),
+        Some("quota") => ctxbroker_bench::quota::quota_main(rest).await,
         Some("tokens") => ctxbroker_bench::tokens::tokens_main(rest),
         Some("replay") => ctxbroker_bench::replay::replay_main(rest),
         Some("storage") => ctxbroker_bench::storage::storage_main(rest).await,
@@ -71,6 +76,9 @@ async fn main() -> Result<(), Failure> {
                 "       ctxbroker-bench classify train [--data DIR] [--write PATH] [--check]"
             );
             eprintln!("       ctxbroker-bench plan [SIZES] [REPEATS] [--csv PATH]");
+            eprintln!(
+                "       ctxbroker-bench quota [--turns N] [--rounds N] [--flood-quota R] [--flood-rate R] [--flooders N]"
+            );
             eprintln!(
                 "       ctxbroker-bench tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]"
             );

@@ -29,9 +29,10 @@ use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
 use crate::blocking;
 use crate::config::Limits;
 use crate::error::{ApiError, BadField, Escalation, Refused};
+use crate::quota::{Hold, Quotas};
 use crate::scheduler::Scheduler;
 use crate::sessions::{Loaded, Sessions};
-use crate::validate;
+use crate::{tenant, validate};
 
 /// Texts at least this long are counted on the blocking pool, so that one
 /// 120k-token tool result does not stall the runtime's workers.
@@ -49,6 +50,8 @@ pub struct Broker {
     session_count: AtomicU64,
     /// The background pre-compactions and the staleness guard.
     scheduler: Scheduler,
+    /// The tenants' quotas: none unless [`Broker::with_quotas`].
+    quotas: Arc<Quotas>,
 }
 
 /// One span of a turn as the caller gave it: checked and converted from
@@ -149,7 +152,21 @@ impl Broker {
             limits,
             session_count,
             scheduler: Scheduler::default(),
+            quotas: Arc::new(Quotas::default()),
         }
+    }
+
+    /// Enforces the tenants' quotas: sessions, stored bytes and the
+    /// admission rate here, streams where the service opens them (see
+    /// [`Quotas::open_stream`]).
+    pub fn with_quotas(mut self, quotas: Arc<Quotas>) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The tenants' quotas.
+    pub fn quotas(&self) -> &Arc<Quotas> {
+        &self.quotas
     }
 
     /// The store.
@@ -177,13 +194,32 @@ impl Broker {
     /// and, once the store acknowledges it, applies it to the session in
     /// memory. Cancel-safe: if this future is dropped while the writer
     /// holds the change, the next request reloads from disk.
-    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
     pub(crate) async fn persist(
         &self,
         loaded: &mut Loaded,
         change: &Change,
         keys: Vec<(String, SpanId)>,
     ) -> Result<Option<u64>, ApiError> {
+        self.persist_held(loaded, change, keys, None).await
+    }
+
+    /// [`Broker::persist`], charging the change's text bytes to the
+    /// session's tenant, less what `hold` reserved for them (given back
+    /// if the write fails).
+    #[instrument(name = "commit", skip_all, fields(session_id = %change.record.id, turn = change.record.turns))]
+    async fn persist_held(
+        &self,
+        loaded: &mut Loaded,
+        change: &Change,
+        keys: Vec<(String, SpanId)>,
+        hold: Option<Hold<'_>>,
+    ) -> Result<Option<u64>, ApiError> {
+        let tenant = tenant::tenant_of(&change.record.id);
+        self.quotas.load(&self.store, tenant).await?;
+        let delta = match self.quotas.counts_bytes(tenant) {
+            true => text_delta(loaded, change),
+            false => 0,
+        };
         loaded.stale = true;
         let change_write = WriteOp::Change {
             change: change.clone(),
@@ -192,6 +228,7 @@ impl Broker {
         let ack = self.store.write(change_write).await?;
         loaded.apply(change);
         loaded.stale = false;
+        self.quotas.settle(tenant, delta, hold);
         Ok(ack.marker_seq)
     }
 
@@ -276,6 +313,7 @@ impl Broker {
         loaded: &mut Loaded,
         outcome: Result<Change, Rejection>,
         keys: &[String],
+        hold: Option<Hold<'_>>,
     ) -> Result<(Change, Option<u64>), ApiError> {
         match outcome {
             Ok(change) => {
@@ -285,7 +323,7 @@ impl Broker {
                     .filter(|(key, _)| !key.is_empty())
                     .map(|(key, span)| (key.clone(), span.id))
                     .collect();
-                let seq = self.persist(loaded, &change, keyed).await?;
+                let seq = self.persist_held(loaded, &change, keyed, hold).await?;
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -307,7 +345,7 @@ impl Broker {
                 .await
                 .map(|_| ())
         };
-        let record = self.adopt_session(session, write).await?;
+        let record = self.adopt_session(session, 0, write).await?;
         info!(
             session_id = id,
             window = record.config.window_tokens,
@@ -378,7 +416,18 @@ impl Broker {
 
     /// Deletes a session and everything it holds but its markers.
     pub async fn delete_session(&self, id: &str) -> Result<u64, ApiError> {
+        let tenant = tenant::tenant_of(id);
+        self.quotas.load(&self.store, tenant).await?;
         let mut loaded = self.sessions.lock(&self.store, id).await?;
+        // Read before the delete, under the session's turn: what the
+        // tenant gets back.
+        let bytes = match self.quotas.counts_bytes(tenant) {
+            true => {
+                let owned = id.to_owned();
+                blocking::read(&self.store, move |store| store.session_text_bytes(&owned)).await?
+            }
+            false => 0,
+        };
         loaded.stale = true;
         let ack = self
             .store
@@ -386,6 +435,7 @@ impl Broker {
             .await?;
         self.sessions.remove(id, &mut loaded);
         self.session_count.fetch_sub(1, Ordering::SeqCst);
+        self.quotas.session_deleted(tenant, bytes);
         self.scheduler.forget(id);
         info!(
             session_id = id,
@@ -397,22 +447,29 @@ impl Broker {
 
     /// Adds a session that `write` stores whole: a new one
     /// ([`Broker::create_session`]) or one made elsewhere (an imported
-    /// snapshot, see `transfer`). The id must be free, the session counts
-    /// against `max_sessions` (reserved before `write` runs, so concurrent
-    /// adds cannot overshoot it), and once written it is served from memory
+    /// snapshot, see `transfer`, holding `text_bytes` of span text). The
+    /// id must be free, the session counts against `max_sessions` and its
+    /// tenant's `max_sessions` and `max_stored_bytes` quotas (reserved
+    /// before `write` runs, so concurrent adds cannot overshoot them), and
+    /// once written it is served from memory
     /// like any other, with its staleness guard and, when it stands above
     /// its soft watermark with a turn since its last compaction, the
     /// background pre-compaction its own server would have queued.
     pub async fn adopt_session(
         &self,
         session: Session,
+        text_bytes: u64,
         write: impl Future<Output = Result<(), ctxbroker_store::StoreError>>,
     ) -> Result<SessionRecord, ApiError> {
         let id = session.record.id.clone();
+        let tenant = tenant::tenant_of(&id);
+        self.quotas.load(&self.store, tenant).await?;
         let mut slot = self.sessions.lock_for_create(&id).await;
         if slot.is_some() {
             return Err(ApiError::SessionExists(id));
         }
+        // Given back if anything below fails.
+        let hold = self.quotas.reserve_session(tenant, text_bytes)?;
         let max = self.limits.max_sessions;
         if self.session_count.fetch_add(1, Ordering::SeqCst) >= max {
             self.session_count.fetch_sub(1, Ordering::SeqCst);
@@ -422,6 +479,7 @@ impl Broker {
             self.session_count.fetch_sub(1, Ordering::SeqCst);
             return Err(err.into());
         }
+        hold.keep();
         let record = session.record.clone();
         self.sessions
             .remember_tokenizer(&id, record.config.tokenizer);
@@ -464,7 +522,15 @@ impl Broker {
     /// taken; classifying unlabelled user and system spans (under the
     /// session's mode), the decision, the write and the memory update
     /// happen within it.
+    ///
+    /// The tenant's admission rate is checked first, before anything else
+    /// is done: a turn refused for it takes no turn of the session and
+    /// spends no idempotency key. Its stored bytes are checked within the
+    /// turn, after a replay (which stores nothing) is answered and before
+    /// anything is written.
     pub async fn admit(&self, id: &str, inputs: Vec<TurnSpan>) -> Result<Admitted, ApiError> {
+        let tenant = tenant::tenant_of(id);
+        self.quotas.admit(tenant)?;
         let tokenizer = self.sessions.tokenizer(&self.store, id).await?;
         let keys: Vec<String> = inputs
             .iter()
@@ -472,6 +538,7 @@ impl Broker {
             .collect();
         let keyed = keys.iter().any(|key| !key.is_empty());
         let mut incoming = prepare(inputs, tokenizer).await?;
+        self.quotas.load(&self.store, tenant).await?;
 
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let actual = loaded.session.record.config.tokenizer;
@@ -499,11 +566,15 @@ impl Broker {
             );
             return Ok(replay);
         }
+        let bytes = incoming.iter().map(|span| span.text.len() as u64).sum();
+        let hold = self.quotas.reserve_bytes(tenant, bytes)?;
         let counter = tokens::counter(actual);
         let turn = loaded.session.record.turns + 1;
         let outcome = info_span!("plan", session_id = id, turn)
             .in_scope(|| loaded.session.admit(incoming, now_ms(), counter));
-        let (change, seq) = self.carry_out(&mut loaded, outcome, &keys).await?;
+        let (change, seq) = self
+            .carry_out(&mut loaded, outcome, &keys, Some(hold))
+            .await?;
         let marker = change.marker.map(|mut marker| {
             marker.seq = seq.unwrap_or(0);
             info!(
@@ -630,7 +701,7 @@ impl Broker {
                 "injected fault between plan and commit".into(),
             ));
         }
-        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[], None).await?;
         Ok(self.committed(&loaded, change, seq, "compaction committed by the caller"))
     }
 
@@ -659,7 +730,7 @@ impl Broker {
             predicate.required_terms,
             now_ms(),
         );
-        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[], None).await?;
         info!(session_id = id, span_id, "span pinned");
         Ok(self.committed(&loaded, change, seq, "span pinned"))
     }
@@ -674,7 +745,7 @@ impl Broker {
     ) -> Result<Committed, ApiError> {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         let outcome = loaded.session.unpin(span_id, actor, reason, now_ms());
-        let (change, seq) = self.carry_out(&mut loaded, outcome, &[]).await?;
+        let (change, seq) = self.carry_out(&mut loaded, outcome, &[], None).await?;
         Ok(self.committed(&loaded, change, seq, "constraint unpinned"))
     }
 
@@ -707,6 +778,26 @@ impl Broker {
     pub async fn run_background(self: Arc<Self>, shutdown: CancellationToken) {
         self.scheduler.run(&self, shutdown).await;
     }
+}
+
+/// The change in the text bytes a session holds that `change` makes:
+/// appended spans and a summary add theirs; a span rewritten in place
+/// (compressed, pinned) adds the difference; an evicted span keeps its
+/// bytes, in the archive.
+fn text_delta(loaded: &Loaded, change: &Change) -> i64 {
+    let bytes = |span: &Span| i64::try_from(ctxbroker_store::text_bytes(span)).unwrap_or(i64::MAX);
+    let mut delta: i64 = change.append.iter().map(bytes).sum();
+    delta += change.summary.as_ref().map_or(0, bytes);
+    for new in &change.replace {
+        let old = loaded
+            .session
+            .spans
+            .iter()
+            .find(|span| span.id == new.id)
+            .map_or(0, bytes);
+        delta += bytes(new) - old;
+    }
+    delta
 }
 
 /// Counts and classifies a turn's spans. Runs before the session's turn is

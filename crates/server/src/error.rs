@@ -3,12 +3,15 @@
 //! code does not compile.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ctxbroker_core::plan::{Sizes, Violation};
 use ctxbroker_proto::v1 as pb;
 use ctxbroker_store::StoreError;
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, FieldViolation, PreconditionViolation, StatusExt};
+use tonic_types::{ErrorDetails, FieldViolation, PreconditionViolation, QuotaViolation, StatusExt};
+
+use crate::quota::QuotaKind;
 
 use crate::tenant::Scope;
 
@@ -47,6 +50,8 @@ pub mod reason {
     pub const MAX_SESSIONS: &str = "MAX_SESSIONS";
     /// The server holds its maximum number of streams.
     pub const MAX_STREAMS: &str = "MAX_STREAMS";
+    /// A tenant is at one of its quotas (the metadata's `quota` names it).
+    pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
     /// An exported session would not fit in an ImportSession request.
     pub const SNAPSHOT_TOO_LARGE: &str = "SNAPSHOT_TOO_LARGE";
     /// The RPC is part of the contract but not served by this build.
@@ -252,6 +257,25 @@ pub enum ApiError {
         /// The limit it exceeds.
         max: usize,
     },
+    /// A tenant is at one of its quotas; nothing was changed. Retry after
+    /// `retry_after` (or once the tenant has freed what it holds).
+    #[error(
+        "tenant {tenant:?} is at its {} quota of {limit}: {detail}; retry in {} ms",
+        quota.key(), retry_after.as_millis()
+    )]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Which quota.
+        quota: QuotaKind,
+        /// The quota's limit, in its unit (sessions, bytes, admissions a
+        /// second, streams).
+        limit: String,
+        /// When a retry may succeed.
+        retry_after: Duration,
+        /// What the request would have taken.
+        detail: String,
+    },
     /// Part of the contract that this build does not serve yet.
     #[error("{rpc} is not implemented yet: {missing}")]
     NotImplemented {
@@ -341,6 +365,10 @@ pub struct ErrorParts {
     pub fields: Vec<BadField>,
     /// PreconditionFailure violations: (type, subject, description).
     pub preconditions: Vec<(String, String, String)>,
+    /// The QuotaFailure violation: (subject, description).
+    pub quota_failure: Option<(String, String)>,
+    /// The RetryInfo delay.
+    pub retry_after: Option<Duration>,
 }
 
 impl ApiError {
@@ -379,6 +407,8 @@ impl ApiError {
         let mut metadata = HashMap::new();
         let mut fields = Vec::new();
         let mut preconditions = Vec::new();
+        let mut quota_failure = None;
+        let mut retry = None;
         let (code, reason) = match self {
             ApiError::InvalidArgument(bad) => {
                 fields.clone_from(bad);
@@ -511,6 +541,25 @@ impl ApiError {
                 metadata.insert("max_request_bytes".into(), max.to_string());
                 (Code::ResourceExhausted, reason::SNAPSHOT_TOO_LARGE)
             }
+            ApiError::QuotaExceeded {
+                tenant,
+                quota,
+                limit,
+                retry_after,
+                ..
+            } => {
+                metadata.insert("tenant".into(), tenant.clone());
+                metadata.insert("quota".into(), quota.key().to_owned());
+                metadata.insert("limit".into(), limit.clone());
+                // For AdmitStream's inline error, which has no RetryInfo.
+                metadata.insert("retry_after_ms".into(), retry_after.as_millis().to_string());
+                quota_failure = Some((
+                    tenant.clone(),
+                    format!("quota {} of {limit} exceeded", quota.key()),
+                ));
+                retry = Some(*retry_after);
+                (Code::ResourceExhausted, reason::QUOTA_EXCEEDED)
+            }
             ApiError::NotImplemented { rpc, .. } => {
                 metadata.insert("rpc".into(), (*rpc).to_owned());
                 (Code::Unimplemented, reason::NOT_IMPLEMENTED)
@@ -550,6 +599,8 @@ impl ApiError {
             metadata,
             fields,
             preconditions,
+            quota_failure,
+            retry_after: retry,
         }
     }
 
@@ -601,6 +652,15 @@ impl From<ApiError> for Status {
                     })
                     .collect::<Vec<_>>(),
             );
+        }
+        if let Some((subject, description)) = &parts.quota_failure {
+            details.set_quota_failure(vec![QuotaViolation::new(
+                subject.clone(),
+                description.clone(),
+            )]);
+        }
+        if let Some(delay) = parts.retry_after {
+            details.set_retry_info(Some(delay));
         }
         let mut status = Status::with_error_details(parts.code, parts.message, details);
         // A watcher reads where to resume without decoding the details.

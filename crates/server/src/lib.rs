@@ -15,6 +15,7 @@ pub mod error;
 pub mod hub;
 pub mod incoming;
 pub mod metrics;
+pub mod quota;
 pub mod scheduler;
 pub mod search;
 pub mod server;

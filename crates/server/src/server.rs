@@ -745,7 +745,8 @@ pub async fn run_with(
     // loads on the first count of a session that uses it.
     tokio::task::spawn_blocking(|| tokens::warm_up(TokenizerKind::O200kBase));
 
-    let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()));
+    let quotas = Arc::new(crate::quota::Quotas::new(settings.quota.clone()));
+    let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()).with_quotas(quotas));
     let streams_end = CancellationToken::new();
     let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
     let audit = AuditLog::open(&settings.data_dir).map_err(|err| {

@@ -111,9 +111,12 @@ pub async fn import_session(
     let session = Session::new(import.record().clone(), import.live_spans().to_vec());
     let archived_spans = import.archived_spans();
     let idempotency_keys = import.idempotency_keys();
+    let text_bytes = import.text_bytes();
     let store = broker.store().clone();
     let record = broker
-        .adopt_session(session, async move { store.import_session(import).await })
+        .adopt_session(session, text_bytes, async move {
+            store.import_session(import).await
+        })
         .await?;
     info!(
         session_id = %record.id,

@@ -165,6 +165,7 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
                 allow_insecure: base != 2000,
             }
         },
+        quota: Default::default(),
         auth_tokens_file: Some(PathBuf::from(format!(
             "{}/tokens.toml",
             data_dir.trim_end_matches("/data")

@@ -64,7 +64,7 @@ extern crate self as ctxbroker_store;
 pub use error::StoreError;
 pub use model::{
     Change, CommitHook, Durability, FlushObserver, MarkerBounds, Pin, SessionRecord, SpanState,
-    StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
+    StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp, text_bytes,
 };
 pub use search::{SearchHit, SearchPage, SearchQuery, SpanListing};
 pub use store::Store;

@@ -31,6 +31,15 @@ pub struct StoredSpan {
     pub state: SpanState,
 }
 
+/// The text bytes a span holds in the store: its text, plus the form it
+/// was admitted in when it is a compressed constraint (the store keeps
+/// both). UTF-8 bytes of text, not the engine's bytes on disk: what a
+/// tenant's storage quota counts.
+pub fn text_bytes(span: &Span) -> u64 {
+    let original = span.original.as_ref().map_or(0, |o| o.text.len());
+    (span.text.len() + original) as u64
+}
+
 /// One entry of a session's pin set: a live constraint and what it
 /// demands.
 #[derive(Debug, Clone, PartialEq)]

@@ -302,6 +302,75 @@ impl Store {
         Ok(spans)
     }
 
+    /// How many stored sessions have an id starting with `prefix` (a
+    /// tenant's sessions, for `tenant/`): a walk over the sessions tree's
+    /// keys, decoding no record.
+    pub fn session_count_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.reading("session_count_with_prefix");
+        let tree = &self.inner.trees.sessions;
+        let mut count = 0;
+        for entry in tree.scan_prefix(prefix.as_bytes()) {
+            entry.map_err(StoreError::engine)?;
+            count += 1;
+        }
+        count_walk(tree.scan_prefix(prefix.as_bytes()))?;
+        Ok(count)
+    }
+
+    /// The text bytes ([`crate::text_bytes`]) of a session's spans, live
+    /// and archived, read as of one moment.
+    pub fn session_text_bytes(&self, id: &str) -> Result<u64, StoreError> {
+        self.reading("session_text_bytes");
+        keys::check_session_id(id)?;
+        let _snapshot = self.snapshot();
+        self.require_session(id)?;
+        self.read_text_bytes(id)
+    }
+
+    /// The text bytes of every session whose id starts with `prefix` (a
+    /// tenant's, for `tenant/`), each session read as of one moment (not
+    /// all of them as of the same one: the writer is held up for one
+    /// session at a time).
+    pub fn text_bytes_with_prefix(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.reading("text_bytes_with_prefix");
+        let mut total = 0;
+        for entry in self.inner.trees.sessions.scan_prefix(prefix.as_bytes()) {
+            let (key, _) = entry.map_err(StoreError::engine)?;
+            let Ok(id) = std::str::from_utf8(&key) else {
+                return Err(record::corrupt(
+                    TreeId::Sessions,
+                    &key,
+                    "the session id is not UTF-8",
+                ));
+            };
+            let _snapshot = self.snapshot();
+            if get_counted(&self.inner.trees.sessions, &key)?.is_some() {
+                total += self.read_text_bytes(id)?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// [`Store::session_text_bytes`] without the checks, under the
+    /// caller's snapshot.
+    fn read_text_bytes(&self, id: &str) -> Result<u64, StoreError> {
+        let prefix = keys::session_prefix(id);
+        let mut bytes = 0;
+        let spans = &self.inner.trees.spans;
+        for entry in spans.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            bytes += crate::text_bytes(&record::decode_span(&key, &value)?);
+        }
+        count_walk(spans.scan_prefix(&prefix))?;
+        let archive = &self.inner.trees.archive;
+        for entry in archive.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            bytes += crate::text_bytes(&record::decode_archived(&key, &value)?.0);
+        }
+        count_walk(archive.scan_prefix(&prefix))?;
+        Ok(bytes)
+    }
+
     /// One span of a session by id, live or archived.
     pub fn span(&self, session: &str, span_id: SpanId) -> Result<Option<StoredSpan>, StoreError> {
         self.reading("span");

@@ -196,6 +196,8 @@ pub struct SessionImport {
     live: Vec<Span>,
     archived: u64,
     idempotency_keys: u64,
+    /// The text bytes of its spans, live and archived.
+    text_bytes: u64,
     /// The records to write, as they were exported.
     records: Vec<RawRecord>,
 }
@@ -265,6 +267,7 @@ impl SessionImport {
         let mut live = Vec::new();
         let mut archived = Vec::new();
         let mut keyed = Vec::new();
+        let mut text_bytes = 0;
         let mut records = Vec::with_capacity(decoded.records.len());
         for (i, entry) in decoded.records.into_iter().enumerate() {
             let Some(tree) = tree_from(entry.tree) else {
@@ -299,11 +302,14 @@ impl SessionImport {
                         Some(record::decode_session(&entry.key, &entry.value).map_err(damaged)?);
                 }
                 TreeId::Spans => {
-                    live.push(record::decode_span(&entry.key, &entry.value).map_err(damaged)?);
+                    let span = record::decode_span(&entry.key, &entry.value).map_err(damaged)?;
+                    text_bytes += crate::text_bytes(&span);
+                    live.push(span);
                 }
                 TreeId::Archive => {
                     let (span, _) =
                         record::decode_archived(&entry.key, &entry.value).map_err(damaged)?;
+                    text_bytes += crate::text_bytes(&span);
                     archived.push(span.id);
                 }
                 TreeId::Keys => {
@@ -379,6 +385,7 @@ impl SessionImport {
             live,
             archived: archived.len() as u64,
             idempotency_keys: keyed.len() as u64,
+            text_bytes,
             records,
         })
     }
@@ -401,6 +408,12 @@ impl SessionImport {
     /// Idempotency keys in the snapshot.
     pub fn idempotency_keys(&self) -> u64 {
         self.idempotency_keys
+    }
+
+    /// The text bytes ([`crate::text_bytes`]) of the snapshot's spans,
+    /// live and archived: what the session will hold once imported.
+    pub fn text_bytes(&self) -> u64 {
+        self.text_bytes
     }
 }
 

@@ -156,3 +156,67 @@ fn a_directory_in_use_is_refused() {
         Err(StoreError::Io(_) | StoreError::Engine(_))
     ));
 }
+
+/// A tenant's sessions are the ids under `tenant/`: counted by a walk of
+/// the sessions tree, and their text bytes summed over live and archived
+/// spans (a compressed constraint counting its admitted form too), never
+/// reaching `tenant-x/` or the bare ids.
+#[tokio::test]
+async fn sessions_and_text_bytes_are_counted_by_id_prefix() {
+    use ctxbroker_core::Span;
+    use ctxbroker_core::span::OriginalForm;
+    use ctxbroker_store::text_bytes;
+
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut sessions: Vec<Session> = ["acme/a", "acme/b", "acme-x/c", "beta/d", "acme"]
+        .into_iter()
+        .map(Session::new)
+        .collect();
+    for s in &mut sessions {
+        store.write(s.create()).await.unwrap();
+        store
+            .write(s.admit(vec![span(1, "0123456789"), span(2, "héllo")]))
+            .await
+            .unwrap();
+    }
+    // acme/a: span 1 evicted into a summary (its text stays, archived),
+    // span 2 compressed in place, its admitted form kept beside it.
+    let compressed = Span {
+        text: "hé".into(),
+        original: Some(OriginalForm {
+            text: "héllo".into(),
+            tokens: 5,
+        }),
+        ..span(2, "")
+    };
+    let (op, summary) = sessions[0].admit_compacting(vec![1], 1, vec![compressed.clone()], vec![]);
+    store.write(op).await.unwrap();
+    assert_eq!(text_bytes(&compressed), 3 + 6);
+
+    assert_eq!(store.session_count_with_prefix("acme/").unwrap(), 2);
+    assert_eq!(store.session_count_with_prefix("beta/").unwrap(), 1);
+    assert_eq!(store.session_count_with_prefix("zeta/").unwrap(), 0);
+    assert_eq!(store.session_count_with_prefix("").unwrap(), 5);
+
+    let plain = 10 + 6;
+    let a = 10 + text_bytes(&compressed) + summary.text.len() as u64;
+    assert_eq!(store.session_text_bytes("acme/a").unwrap(), a);
+    assert_eq!(store.session_text_bytes("acme/b").unwrap(), plain);
+    assert_eq!(store.text_bytes_with_prefix("acme/").unwrap(), a + plain);
+    assert_eq!(store.text_bytes_with_prefix("beta/").unwrap(), plain);
+    assert_eq!(store.text_bytes_with_prefix("zeta/").unwrap(), 0);
+    assert!(matches!(
+        store.session_text_bytes("acme/zz"),
+        Err(StoreError::SessionNotFound { .. })
+    ));
+
+    store
+        .write(WriteOp::DeleteSession {
+            id: "acme/a".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.session_count_with_prefix("acme/").unwrap(), 1);
+    assert_eq!(store.text_bytes_with_prefix("acme/").unwrap(), plain);
+}

@@ -10,6 +10,7 @@
 mod flags;
 mod load;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -222,6 +223,131 @@ impl Default for ConnectionSettings {
     }
 }
 
+/// One tenant's quotas, as they are in force: each 0 is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TenantQuota {
+    /// Most sessions the tenant holds.
+    pub max_sessions: u64,
+    /// Most text bytes the tenant's spans hold, live and archived (see
+    /// `ctxbroker_store::text_bytes`).
+    pub max_stored_bytes: u64,
+    /// Admissions a second, refilling the tenant's token bucket; may be
+    /// fractional.
+    pub admits_per_second: f64,
+    /// The bucket's size: admissions the tenant may make at once after a
+    /// quiet spell. 0 is one second's worth (at least 1).
+    pub admit_burst: u64,
+    /// Most streams (AdmitStream, WatchCompactions) the tenant holds open.
+    pub max_streams: u64,
+}
+
+/// Per-tenant quotas: the file's `[quota]` table, defaults for every
+/// tenant, and `[quota.tenants.NAME]` tables overriding them for one
+/// tenant. Every quota is unlimited (0) unless set: quotas matter only
+/// once sessions belong to tenants, and a daemon upgraded in place must
+/// keep serving what it served. Sessions without a tenant (bare ids) have
+/// no quota. File only: a table of tenants has no flag form.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaSettings {
+    /// Most sessions a tenant holds; 0 is unlimited.
+    pub max_sessions: u64,
+    /// Most text bytes a tenant's spans hold; 0 is unlimited.
+    pub max_stored_bytes: u64,
+    /// A tenant's admissions a second (token bucket rate; may be
+    /// fractional); 0 is unlimited.
+    pub admits_per_second: f64,
+    /// A tenant's token bucket size; 0 is one second's worth (at least 1).
+    pub admit_burst: u64,
+    /// Most streams a tenant holds open; 0 is unlimited.
+    pub max_streams: u64,
+    /// Overrides by tenant name.
+    pub tenants: BTreeMap<String, QuotaOverride>,
+}
+
+/// One tenant's overrides of the `[quota]` defaults: the keys it sets win.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaOverride {
+    /// See [`QuotaSettings::max_sessions`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<u64>,
+    /// See [`QuotaSettings::max_stored_bytes`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_stored_bytes: Option<u64>,
+    /// See [`QuotaSettings::admits_per_second`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admits_per_second: Option<f64>,
+    /// See [`QuotaSettings::admit_burst`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admit_burst: Option<u64>,
+    /// See [`QuotaSettings::max_streams`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams: Option<u64>,
+}
+
+impl QuotaSettings {
+    /// The quotas of a tenant with no override.
+    pub fn defaults(&self) -> TenantQuota {
+        TenantQuota {
+            max_sessions: self.max_sessions,
+            max_stored_bytes: self.max_stored_bytes,
+            admits_per_second: self.admits_per_second,
+            admit_burst: self.admit_burst,
+            max_streams: self.max_streams,
+        }
+    }
+
+    /// The quotas in force for `tenant`: its overrides over the defaults.
+    pub fn for_tenant(&self, tenant: &str) -> TenantQuota {
+        let base = self.defaults();
+        let Some(o) = self.tenants.get(tenant) else {
+            return base;
+        };
+        TenantQuota {
+            max_sessions: o.max_sessions.unwrap_or(base.max_sessions),
+            max_stored_bytes: o.max_stored_bytes.unwrap_or(base.max_stored_bytes),
+            admits_per_second: o.admits_per_second.unwrap_or(base.admits_per_second),
+            admit_burst: o.admit_burst.unwrap_or(base.admit_burst),
+            max_streams: o.max_streams.unwrap_or(base.max_streams),
+        }
+    }
+
+    /// Refuses a rate that is not a finite number ≥ 0 and a tenant name
+    /// that is not one.
+    fn check(&self) -> Result<(), ConfigError> {
+        let rate = |key: &'static str, value: f64| {
+            if value.is_finite() && value >= 0.0 {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid {
+                    key,
+                    message: format!("must be a finite number of at least 0; got {value}"),
+                })
+            }
+        };
+        rate("quota.admits_per_second", self.admits_per_second)?;
+        for (name, o) in &self.tenants {
+            if let Err(bad) = crate::tenant::check_tenant("quota.tenants", name) {
+                return Err(ConfigError::Invalid {
+                    key: "quota.tenants",
+                    message: format!("{name:?}: {}", bad.description),
+                });
+            }
+            if let Some(value) = o.admits_per_second {
+                rate("quota.tenants.*.admits_per_second", value).map_err(|err| match err {
+                    ConfigError::Invalid { key, message } => ConfigError::Invalid {
+                        key,
+                        message: format!("tenant {name:?}: {message}"),
+                    },
+                    other => other,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The smallest `memory_budget_bytes`: below it, what the daemon needs
 /// whatever its settings (the runtime, the tokenizer's tables) leaves
 /// its caches nothing.
@@ -316,6 +442,8 @@ pub struct Settings {
     /// Connection timeouts and caps.
     #[serde(flatten)]
     pub connections: ConnectionSettings,
+    /// Per-tenant quotas (the `[quota]` table).
+    pub quota: QuotaSettings,
     /// The token file (see [`crate::auth`]): set, every call to the broker
     /// service needs a bearer token it lists, and the token's role decides
     /// what it may call; unset, authentication is off and every caller is
@@ -338,6 +466,7 @@ impl Default for Settings {
             limits: Limits::default(),
             tls: TlsSettings::default(),
             connections: ConnectionSettings::default(),
+            quota: QuotaSettings::default(),
             auth_tokens_file: None,
         }
     }
@@ -465,7 +594,7 @@ impl Settings {
                 return fail("listen_unix", limit, &shown);
             }
         }
-        Ok(())
+        self.quota.check()
     }
 
     /// Every setting keyed as in the file, in key order; an unset one

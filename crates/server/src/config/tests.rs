@@ -201,6 +201,9 @@ fn every_flag_has_an_environment_twin_and_a_file_key() {
             flags.insert(key);
         }
     }
+    // The `[quota]` table is the file's only: a table of tenants has no
+    // flag form.
+    let keys: BTreeSet<String> = keys.into_iter().filter(|k| k != "quota").collect();
     assert_eq!(keys, flags, "file keys and flags differ");
 }
 
@@ -244,6 +247,22 @@ fn sample() -> Settings {
             max_connections: 44,
             metrics_max_connections: 5,
             metrics_header_timeout: Duration::from_millis(666),
+        },
+        quota: QuotaSettings {
+            max_sessions: 10,
+            max_stored_bytes: 1 << 20,
+            admits_per_second: 2.5,
+            admit_burst: 5,
+            max_streams: 3,
+            tenants: [(
+                "acme".to_owned(),
+                QuotaOverride {
+                    max_sessions: Some(100),
+                    admits_per_second: Some(0.5),
+                    ..QuotaOverride::default()
+                },
+            )]
+            .into(),
         },
         auth_tokens_file: Some(PathBuf::from("/etc/ctx/tokens.toml")),
     }
@@ -414,6 +433,79 @@ fn tls_settings_come_in_pairs() {
     assert!(!off.tls.allow_insecure);
     assert!(!off.tls.enabled());
     assert_eq!(off.connections, ConnectionSettings::default());
+}
+
+#[test]
+fn quotas_are_a_table_of_defaults_with_overrides_by_tenant() {
+    let defaults = cli(&[]).resolve().unwrap().quota;
+    assert_eq!(defaults.for_tenant("anyone"), TenantQuota::default());
+    let (_dir, path) = file(
+        "[quota]\nmax_sessions = 10\nadmits_per_second = 2.5\n\n[quota.tenants.acme]\nmax_sessions = 100\nmax_streams = 4\n\n[quota.tenants.\"beta.prod\"]\nadmits_per_second = 0.25\nadmit_burst = 2\n",
+    );
+    let quota = cli(&["--config", path.to_str().unwrap()])
+        .resolve()
+        .unwrap()
+        .quota;
+    assert_eq!(
+        quota.for_tenant("acme"),
+        TenantQuota {
+            max_sessions: 100,
+            max_stored_bytes: 0,
+            admits_per_second: 2.5,
+            admit_burst: 0,
+            max_streams: 4,
+        }
+    );
+    assert_eq!(
+        quota.for_tenant("beta.prod"),
+        TenantQuota {
+            max_sessions: 10,
+            admits_per_second: 0.25,
+            admit_burst: 2,
+            ..TenantQuota::default()
+        }
+    );
+    assert_eq!(quota.for_tenant("other"), quota.defaults());
+    // check-config prints them, and they read back.
+    let (_dir, again) = file(&sample().to_toml());
+    let read = cli(&["--config", again.to_str().unwrap()])
+        .resolve()
+        .unwrap();
+    assert_eq!(read.quota, sample().quota);
+}
+
+#[test]
+fn bad_quota_keys_names_and_rates_are_refused() {
+    for (text, expected) in [
+        ("[quota]\nmax_sesions = 3\n", "unknown field `max_sesions`"),
+        (
+            "[quota.tenants.acme]\nmax_bytes = 3\n",
+            "unknown field `max_bytes`",
+        ),
+        ("[quota]\nmax_streams = -1\n", "key `quota`"),
+        (
+            "[quota]\nadmits_per_second = -1.0\n",
+            "invalid setting quota.admits_per_second: must be a finite number of at least 0; got -1",
+        ),
+        (
+            "[quota]\nadmits_per_second = nan\n",
+            "invalid setting quota.admits_per_second",
+        ),
+        (
+            "[quota.tenants.\"a b\"]\nmax_sessions = 1\n",
+            "invalid setting quota.tenants: \"a b\": tenant may only contain",
+        ),
+        (
+            "[quota.tenants.acme]\nadmits_per_second = inf\n",
+            "tenant \"acme\": must be a finite number",
+        ),
+    ] {
+        let (_dir, path) = file(text);
+        let err = cli(&["--config", path.to_str().unwrap()])
+            .resolve()
+            .unwrap_err();
+        assert!(err.to_string().contains(expected), "{text}: {err}");
+    }
 }
 
 #[test]
