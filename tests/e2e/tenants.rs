@@ -584,3 +584,62 @@ async fn next_marker(
 ) -> pb::CompactionMarker {
     read_markers(stream, 1).await.remove(0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_at_most_its_streams_while_others_open_theirs() {
+    let temp = tempfile::tempdir().unwrap();
+    let tokens = token_file(temp.path());
+    let config = temp.path().join("ctxbroker.toml");
+    std::fs::write(&config, "[quota.tenants.beta]\nmax_streams = 1\n").unwrap();
+    let daemon = Daemon::start_with(&[
+        "--auth-tokens-file",
+        &tokens,
+        "--config",
+        config.to_str().unwrap(),
+    ])
+    .await;
+    let mut beta = client(&daemon, BETA_AGENT).await;
+    let mut acme = client(&daemon, ACME_AGENT).await;
+    let watch = pb::WatchCompactionsRequest {
+        start: pb::WatchStart::Now as i32,
+        ..Default::default()
+    };
+
+    let first = beta.watch_compactions(watch.clone()).await.unwrap();
+    let status = beta.watch_compactions(watch.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let (reason, metadata) = crate::support::error_info(&status);
+    assert_eq!(reason, "QUOTA_EXCEEDED");
+    assert_eq!(metadata["quota"], "max_streams");
+    assert_eq!(metadata["tenant"], "beta");
+    // An admit stream counts too.
+    let request = pb::AdmitStreamRequest::default();
+    let status = beta
+        .admit_stream(tokio_stream::iter([request]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+
+    // Another tenant has no such quota.
+    let _acme_watches = (
+        acme.watch_compactions(watch.clone()).await.unwrap(),
+        acme.watch_compactions(watch.clone()).await.unwrap(),
+    );
+
+    // Closing the stream gives its place back.
+    drop(first);
+    let began = std::time::Instant::now();
+    loop {
+        match beta.watch_compactions(watch.clone()).await {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::ResourceExhausted => {
+                assert!(
+                    began.elapsed() < Duration::from_secs(10),
+                    "the closed watch's place was not given back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}

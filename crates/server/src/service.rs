@@ -25,9 +25,17 @@ use crate::convert::{self, marker_to_pb, session_to_pb, span_to_pb, totals_to_pb
 use crate::error::{ApiError, BadField};
 use crate::hub::{FeedEnd, FeedEvent, FeedStart, Hub, MarkerFeed};
 use crate::metrics::Metrics;
+use crate::quota::StreamPermit;
 use crate::search;
 use crate::tenant::{Caller, Role, Scope};
 use crate::validate;
+
+/// What an open stream holds until it ends.
+#[derive(Debug)]
+struct StreamPermits {
+    _server: OwnedSemaphorePermit,
+    _tenant: StreamPermit,
+}
 
 /// Replies buffered per stream before the stream's task waits for the
 /// client to read.
@@ -137,18 +145,26 @@ impl BrokerService {
         self
     }
 
-    fn stream_permit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+    /// The permits a stream holds for its life: one of the server's
+    /// `max_concurrent_streams`, and one of its tenant's `max_streams`.
+    fn stream_permit(&self, scope: &Scope) -> Result<StreamPermits, ApiError> {
         if self.shutdown.is_cancelled() {
             return Err(ApiError::ShuttingDown {
                 resume_from_seq: None,
             });
         }
-        self.streams
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| ApiError::StreamLimit {
-                max: self.broker.limits().max_concurrent_streams,
-            })
+        let server =
+            self.streams
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| ApiError::StreamLimit {
+                    max: self.broker.limits().max_concurrent_streams,
+                })?;
+        let tenant = self.broker.quotas().open_stream(scope.tenant_name())?;
+        Ok(StreamPermits {
+            _server: server,
+            _tenant: tenant,
+        })
     }
 
     /// Refuses a caller that is not an operator (the authentication layer
@@ -320,8 +336,9 @@ pub struct WatchStream {
     ended: bool,
     /// Whose view the markers are encoded for.
     scope: Scope,
-    /// Held for the stream's life: counts against `max_concurrent_streams`.
-    _permit: OwnedSemaphorePermit,
+    /// Held for the stream's life: counts against `max_concurrent_streams`
+    /// and the tenant's `max_streams`.
+    _permit: StreamPermits,
 }
 
 impl std::fmt::Debug for WatchStream {
@@ -337,7 +354,7 @@ impl WatchStream {
         feed: MarkerFeed,
         scope: Scope,
         shutdown: CancellationToken,
-        permit: OwnedSemaphorePermit,
+        permit: StreamPermits,
     ) -> Self {
         WatchStream {
             next: ReusableBoxFuture::new(watch_step(feed, shutdown.clone())),
@@ -586,7 +603,7 @@ impl ContextBroker for BrokerService {
         request: Request<Streaming<pb::AdmitStreamRequest>>,
     ) -> Result<Response<Self::AdmitStreamStream>, Status> {
         let scope = self.caller(&request)?.scope();
-        let permit = self.stream_permit()?;
+        let permit = self.stream_permit(&scope)?;
         let mut inbound = request.into_inner();
         let (out, rx) = mpsc::channel(STREAM_BUFFER);
         let service = self.clone();
@@ -987,7 +1004,7 @@ impl ContextBroker for BrokerService {
             }
         };
         validate::finish(bad)?;
-        let permit = self.stream_permit()?;
+        let permit = self.stream_permit(&scope)?;
         let filter = (!req.session_ids.is_empty()).then(|| {
             req.session_ids
                 .iter()
