@@ -6,34 +6,14 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ctxbroker_proto::v1 as pb;
-use pb::context_broker_client::ContextBrokerClient;
 use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
 use tonic::Code;
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
-use crate::support::{Daemon, classed, read_markers, span, window};
-
-/// Adds a bearer token to every call.
-#[derive(Clone)]
-struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
-
-impl Interceptor for Bearer {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.0.clone());
-        Ok(request)
-    }
-}
-
-type Client = ContextBrokerClient<InterceptedService<Channel, Bearer>>;
+use crate::support::{
+    Daemon, TokenClient as Client, classed, read_markers, span, token_client, window,
+};
 
 const ACME_AGENT: &str = "acme-agent-token-0123456789abcdef";
 const BETA_AGENT: &str = "beta-agent-token-0123456789abcdef";
@@ -65,8 +45,7 @@ fn token_file(dir: &std::path::Path) -> String {
 }
 
 async fn client(daemon: &Daemon, token: &str) -> Client {
-    let value = format!("Bearer {token}").parse().unwrap();
-    ContextBrokerClient::with_interceptor(daemon.channel().await, Bearer(value))
+    token_client(daemon.channel().await, token)
 }
 
 /// Every RPC of the contract, as the descriptor names them.

@@ -148,3 +148,45 @@ impl Rng {
         items.get(self.below(items.len())).copied().unwrap_or("")
     }
 }
+
+/// Tool output of about 120 tokens, different for every `n`.
+pub fn tool_output(n: usize) -> String {
+    const WORDS: [&str; 12] = [
+        "rollout", "staging", "probe", "replica", "timeout", "cache", "queue", "handler", "deploy",
+        "latency", "retry", "worker",
+    ];
+    let mut out = format!("step {n} in src/mod_{n}.rs:");
+    for k in 0..90 {
+        out.push(' ');
+        out.push_str(WORDS[(n * 7 + k * 5) % WORDS.len()]);
+    }
+    out
+}
+
+/// A turn of one tool output ([`tool_output`]) for `session`.
+pub fn tool_turn(session: &str, n: usize) -> pb::AdmitRequest {
+    pb::AdmitRequest {
+        session_id: session.to_owned(),
+        spans: vec![pb::SpanInput {
+            role: pb::Role::Tool as i32,
+            text: tool_output(n),
+            ..Default::default()
+        }],
+    }
+}
+
+/// Creates a session of `window` tokens that compacts only when full (a
+/// soft watermark of 1): with a small window, nearly every turn compacts.
+pub async fn create_small(client: &mut Client, session: &str, window: u32) -> Result<(), Failure> {
+    client
+        .create_session(pb::CreateSessionRequest {
+            session_id: session.to_owned(),
+            config: Some(pb::SessionConfig {
+                window_tokens: Some(window),
+                soft_watermark: Some(1.0),
+                ..Default::default()
+            }),
+        })
+        .await?;
+    Ok(())
+}

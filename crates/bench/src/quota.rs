@@ -23,10 +23,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::config::Durability;
 
-use crate::common::{Client, Failure, Quantiles, client, flags, percentile};
+use crate::common::{
+    Client, Failure, Quantiles, client, create_small, flags, percentile, tool_turn,
+};
 use crate::daemon::DaemonProcess;
 
 /// The calm tenant's admission p99 with a flood beside it, against alone:
@@ -170,45 +171,6 @@ fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(f64::MIN_POSITIVE)
 }
 
-/// Tool output of about 120 tokens, different for every `n`.
-fn text(n: usize) -> String {
-    const WORDS: [&str; 12] = [
-        "rollout", "staging", "probe", "replica", "timeout", "cache", "queue", "handler", "deploy",
-        "latency", "retry", "worker",
-    ];
-    let mut out = format!("step {n} in src/mod_{n}.rs:");
-    for k in 0..90 {
-        out.push(' ');
-        out.push_str(WORDS[(n * 7 + k * 5) % WORDS.len()]);
-    }
-    out
-}
-
-fn admit_request(session: &str, n: usize) -> pb::AdmitRequest {
-    pb::AdmitRequest {
-        session_id: session.to_owned(),
-        spans: vec![pb::SpanInput {
-            role: pb::Role::Tool as i32,
-            text: text(n),
-            ..Default::default()
-        }],
-    }
-}
-
-async fn create(client: &mut Client, session: &str) -> Result<(), Failure> {
-    client
-        .create_session(pb::CreateSessionRequest {
-            session_id: session.to_owned(),
-            config: Some(pb::SessionConfig {
-                window_tokens: Some(WINDOW_TOKENS),
-                soft_watermark: Some(1.0),
-                ..Default::default()
-            }),
-        })
-        .await?;
-    Ok(())
-}
-
 async fn back_to_back(
     client: &mut Client,
     session: &str,
@@ -218,7 +180,7 @@ async fn back_to_back(
     let mut out = Vec::with_capacity(turns);
     for n in from..from + turns {
         let started = Instant::now();
-        client.admit(admit_request(session, n)).await?;
+        client.admit(tool_turn(session, n)).await?;
         out.push(started.elapsed());
     }
     out.sort_unstable();
@@ -270,7 +232,7 @@ impl Flood {
                     for i in 0..flooders {
                         let connected = async {
                             let mut c = client(addr).await?;
-                            create(&mut c, &format!("flood/s{i}")).await?;
+                            create_small(&mut c, &format!("flood/s{i}"), WINDOW_TOKENS).await?;
                             Ok::<_, Failure>(c)
                         };
                         match connected.await {
@@ -304,7 +266,7 @@ impl Flood {
                                 }
                                 tick.tick().await;
                                 n += 1;
-                                let counter = match client.admit(admit_request(&session, n)).await {
+                                let counter = match client.admit(tool_turn(&session, n)).await {
                                     Ok(_) => &c[0],
                                     Err(status)
                                         if status.code() == tonic::Code::ResourceExhausted =>
@@ -364,7 +326,7 @@ pub async fn run(args: &QuotaArgs) -> Result<Report, Failure> {
     );
     let daemon = DaemonProcess::spawn_with(Durability::Flush, &["--quota-json".to_owned(), quota])?;
     let mut calm = client(daemon.addr).await?;
-    create(&mut calm, "calm/s").await?;
+    create_small(&mut calm, "calm/s", WINDOW_TOKENS).await?;
     let flood = Flood::start(daemon.addr, args.flooders, args.flood_rate)?;
     // The tokenizer's tables and the first compactions, unrecorded.
     back_to_back(&mut calm, "calm/s", 0, 200).await?;

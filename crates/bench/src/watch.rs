@@ -46,7 +46,9 @@ use ctxbroker_proto::v1 as pb;
 use ctxbroker_server::config::Durability;
 
 use crate::admit::per_second;
-use crate::common::{Client, Failure, Quantiles, client, next_marker, parse, percentile};
+use crate::common::{
+    Client, Failure, Quantiles, client, create_small, next_marker, parse, percentile, tool_turn,
+};
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage};
 
 /// 1,000 watchers: delivery p99 at most this.
@@ -105,56 +107,17 @@ pub async fn stalled_watcher_main(args: &[String]) -> Result<(), Failure> {
     let rounds = parse(args, 1, 4)?;
     let daemon = DaemonProcess::spawn(Durability::Flush)?;
     let mut admitter = client(daemon.addr).await?;
-    create(&mut admitter, "stalled").await?;
+    create_small(&mut admitter, "stalled", WINDOW_TOKENS).await?;
     warm_up(&mut admitter, "stalled").await?;
     let stalled = stalled_phase(&daemon, &mut admitter, "stalled", turns, rounds).await?;
     println!("{}", stalled.render());
     Ok(())
 }
 
-/// Tool output of about 120 tokens, different for every `n`.
-fn text(n: usize) -> String {
-    const WORDS: [&str; 12] = [
-        "rollout", "staging", "probe", "replica", "timeout", "cache", "queue", "handler", "deploy",
-        "latency", "retry", "worker",
-    ];
-    let mut out = format!("step {n} in src/mod_{n}.rs:");
-    for k in 0..90 {
-        out.push(' ');
-        out.push_str(WORDS[(n * 7 + k * 5) % WORDS.len()]);
-    }
-    out
-}
-
-fn admit_request(session: &str, n: usize) -> pb::AdmitRequest {
-    pb::AdmitRequest {
-        session_id: session.to_owned(),
-        spans: vec![pb::SpanInput {
-            role: pb::Role::Tool as i32,
-            text: text(n),
-            ..Default::default()
-        }],
-    }
-}
-
-async fn create(client: &mut Client, session: &str) -> Result<(), Failure> {
-    client
-        .create_session(pb::CreateSessionRequest {
-            session_id: session.to_owned(),
-            config: Some(pb::SessionConfig {
-                window_tokens: Some(WINDOW_TOKENS),
-                soft_watermark: Some(1.0),
-                ..Default::default()
-            }),
-        })
-        .await?;
-    Ok(())
-}
-
 /// The tokenizer's tables and the first compactions, unrecorded.
 async fn warm_up(client: &mut Client, session: &str) -> Result<(), Failure> {
     for n in 0..100 {
-        client.admit(admit_request(session, n)).await?;
+        client.admit(tool_turn(session, n)).await?;
     }
     Ok(())
 }
@@ -204,7 +167,7 @@ async fn paced(
                 }
                 n += 1;
                 let sent = Instant::now();
-                match client.admit(admit_request(&session, n)).await {
+                match client.admit(tool_turn(&session, n)).await {
                     Ok(reply) => {
                         let replied = Instant::now();
                         mine.latencies.push(replied - sent);
@@ -464,7 +427,7 @@ async fn back_to_back(
     let mut out = Vec::with_capacity(turns);
     for n in from..from + turns {
         let started = Instant::now();
-        client.admit(admit_request(session, n)).await?;
+        client.admit(tool_turn(session, n)).await?;
         out.push(started.elapsed());
     }
     Ok(out)
@@ -536,7 +499,7 @@ pub async fn run(args: &WatchArgs) -> Result<(), Failure> {
     for i in 0..args.admitters {
         let mut client = client(daemon.addr).await?;
         let session = format!("watched-{i}");
-        create(&mut client, &session).await?;
+        create_small(&mut client, &session, WINDOW_TOKENS).await?;
         warm_up(&mut client, &session).await?;
         clients.push(client);
         sessions.push(session);
