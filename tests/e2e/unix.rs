@@ -38,14 +38,26 @@ fn daemon(socket: &Path, data: &Path) -> Command {
     command
 }
 
+/// A daemon killed if the test ends without stopping it.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a daemon on `socket` and waits until it answers there.
-async fn start(socket: &Path, data: &Path) -> (Child, ContextBrokerClient<Channel>) {
-    let mut child = daemon(socket, data)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ctxbrokerd starts");
+async fn start(socket: &Path, data: &Path) -> (Running, ContextBrokerClient<Channel>) {
+    let mut running = Running(
+        daemon(socket, data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ctxbrokerd starts"),
+    );
     let began = Instant::now();
     loop {
         if let Ok(channel) = unix_channel(socket).await {
@@ -55,10 +67,10 @@ async fn start(socket: &Path, data: &Path) -> (Child, ContextBrokerClient<Channe
                 .await
                 .is_ok()
             {
-                return (child, client);
+                return (running, client);
             }
         }
-        assert!(child.try_wait().unwrap().is_none(), "the daemon exited");
+        assert!(running.0.try_wait().unwrap().is_none(), "the daemon exited");
         assert!(
             began.elapsed() < Duration::from_secs(30),
             "not serving within 30 s"
@@ -67,7 +79,8 @@ async fn start(socket: &Path, data: &Path) -> (Child, ContextBrokerClient<Channe
     }
 }
 
-fn terminate(child: &mut Child) {
+fn terminate(running: &mut Running) {
+    let child = &mut running.0;
     let pid = libc::pid_t::try_from(child.id()).unwrap();
     // SAFETY: a signal to the child this test started.
     #[allow(unsafe_code)]
