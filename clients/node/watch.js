@@ -16,7 +16,11 @@
 //
 //   node watch.js --addr 127.0.0.1:50051 [--from-seq N | --start oldest|now]
 //                 [--session ID]... [--until-seq N] [--max-backoff-ms MS]
-//                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]]
+//                 [--tls-ca FILE [--tls-cert FILE --tls-key FILE]] [--token TOKEN]
+//
+// With a bearer token (--token TOKEN, or the environment variable
+// CTXBROKER_TOKEN, which keeps it off the command line that `ps` shows) it
+// sends `authorization: Bearer <token>` to a daemon that requires tokens.
 //
 // With --tls-ca it connects over TLS, trusting the CA in FILE (PEM); a
 // daemon that asks for client certificates (--tls-client-ca) also needs
@@ -114,15 +118,21 @@ function sleep(ms, signal) {
  *   signal       an AbortSignal that ends the iteration
  *   onReconnect  ({nextSeq, code, details, resumeFromSeq}) before each retry
  *   onCaughtUp   (nextSeq) when a replay from the log is done
+ *   token        a bearer token, sent as `authorization: Bearer <token>`
+ *                to a daemon that requires one (auth_tokens_file)
  */
 async function* watchMarkers(client, options = {}) {
   const start = options.start || 'FROM_SEQ';
   const sessionIds = options.sessionIds || [];
-  const filtered = sessionIds.length > 0;
+  // A tenant's watch delivers its own sessions' markers only: with a
+  // token, as with a session filter, sequences have gaps by design.
+  const filtered = sessionIds.length > 0 || Boolean(options.token);
   const maxBackoffMs = options.maxBackoffMs ?? 2000;
   const signal = options.signal;
   let nextSeq = start === 'FROM_SEQ' ? BigInt(Math.max(Number(options.fromSeq ?? 1), 1)) : null;
   let backoffMs = 50;
+  const metadata = new grpc.Metadata();
+  if (options.token) metadata.set('authorization', `Bearer ${options.token}`);
 
   while (!(signal && signal.aborted)) {
     const request =
@@ -131,7 +141,7 @@ async function* watchMarkers(client, options = {}) {
         : { start: `WATCH_START_${start}`, sessionIds };
     // Not waitForReady: while the daemon is unreachable the call fails at
     // once and the backoff here governs.
-    const call = client.WatchCompactions(request);
+    const call = client.WatchCompactions(request, metadata);
     const cancel = () => call.cancel();
     if (signal) signal.addEventListener('abort', cancel, { once: true });
     let failure = null;
@@ -198,11 +208,21 @@ function markerJson(marker) {
     summary_span_id: marker.summarySpanId == null ? null : number(marker.summarySpanId),
     pinned_retained: marker.pinnedRetained,
     pinned_total: marker.pinnedTotal,
+    actor: marker.actor,
   };
 }
 
 function parseArgs(argv) {
-  const args = { addr: null, fromSeq: 1, start: 'FROM_SEQ', sessionIds: [], untilSeq: null, maxBackoffMs: 2000, tls: null };
+  const args = {
+    addr: null,
+    fromSeq: 1,
+    start: 'FROM_SEQ',
+    sessionIds: [],
+    untilSeq: null,
+    maxBackoffMs: 2000,
+    tls: null,
+    token: process.env.CTXBROKER_TOKEN || null,
+  };
   const tls = () => {
     args.tls = args.tls || {};
     return args.tls;
@@ -220,6 +240,7 @@ function parseArgs(argv) {
     else if (flag === '--session') args.sessionIds.push(value());
     else if (flag === '--until-seq') args.untilSeq = BigInt(value());
     else if (flag === '--max-backoff-ms') args.maxBackoffMs = Number(value());
+    else if (flag === '--token') args.token = value();
     else if (flag === '--tls-ca') tls().ca = value();
     else if (flag === '--tls-cert') tls().cert = value();
     else if (flag === '--tls-key') tls().key = value();
@@ -256,6 +277,7 @@ async function main(argv) {
       sessionIds: args.sessionIds,
       maxBackoffMs: args.maxBackoffMs,
       signal: stop.signal,
+      token: args.token,
       onCaughtUp: (nextSeq) => log({ event: 'caught_up', next_seq: Number(nextSeq) }),
       onReconnect: (r) =>
         log({

@@ -97,6 +97,7 @@ def as_row(marker: pb.CompactionMarker) -> dict:
         "summary_span_id": marker.summary_span_id if marker.HasField("summary_span_id") else None,
         "pinned_retained": marker.pinned_retained,
         "pinned_total": marker.pinned_total,
+        "actor": marker.actor,
     }
 
 

@@ -196,6 +196,13 @@ class Broker:
     ``target`` is ``host:port`` (a channel with :data:`CHANNEL_OPTIONS` is
     made: plaintext, or over TLS with ``tls``) or a ready
     :class:`grpc.Channel`.
+    ``token`` is a bearer token for a daemon started with a token file
+    (``auth_tokens_file``): every call then carries ``authorization:
+    Bearer <token>``, and the token's role and tenant decide what the calls
+    may do and which sessions they see (docs/security.md). Without one, a
+    daemon that requires tokens answers
+    :class:`~ctxbroker_client.errors.Unauthenticated`. The token is kept
+    out of this object's ``repr`` and of every error.
     Unary calls time out after ``timeout`` seconds. With ``wait_for_ready``
     (the default) a call made while the daemon is unreachable — restarting,
     say — waits for it within that timeout instead of failing at once; the
@@ -210,7 +217,10 @@ class Broker:
         metadata: Sequence[tuple[str, str]] = (),
         wait_for_ready: bool = True,
         tls: Tls | None = None,
+        token: str | None = None,
     ) -> None:
+        if token is not None and (not token or any(c in token for c in "\r\n")):
+            raise ValueError("Broker: token must be a non-empty single line")
         if isinstance(target, str):
             self.channel: grpc.Channel = channel(target, tls)
             self._owns_channel = True
@@ -221,8 +231,14 @@ class Broker:
         self.stub = pb_grpc.ContextBrokerStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
         self.timeout = timeout
-        self.metadata = tuple(metadata)
+        bearer = () if token is None else (("authorization", f"Bearer {token}"),)
+        #: The metadata every call sends (the bearer token among them).
+        self.metadata = tuple(metadata) + bearer
         self.wait_for_ready = wait_for_ready
+
+    def __repr__(self) -> str:
+        authenticated = any(key == "authorization" for key, _ in self.metadata)
+        return f"Broker(timeout={self.timeout}, token={'set' if authenticated else 'none'})"
 
     def close(self) -> None:
         """Closes the channel if this client made it."""
@@ -430,8 +446,13 @@ class Broker:
             request.predicate.CopyFrom(predicate)
         return self._call(self.stub.Pin, request).span
 
-    def unpin(self, session_id: str, span_id: int, *, actor: str, reason: str) -> pb.UnpinResponse:
-        """Releases a constraint; the UNPIN marker records who and why."""
+    def unpin(
+        self, session_id: str, span_id: int, *, reason: str, actor: str = ""
+    ) -> pb.UnpinResponse:
+        """Releases a constraint; the UNPIN marker records who and why. With
+        a token the marker names the token (``token-id@tenant``), followed
+        by ``(as <actor>)`` when ``actor`` is given; without one, ``actor``
+        is required."""
         return self._call(
             self.stub.Unpin,
             pb.UnpinRequest(session_id=session_id, span_id=span_id, actor=actor, reason=reason),

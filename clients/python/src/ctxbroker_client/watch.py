@@ -8,7 +8,9 @@ When the daemon shuts down it ends the stream with UNAVAILABLE and a
 ``last seq + 1``, so the caller sees every marker once, in order. It checks
 what the daemon sends: an unfiltered watch must see ``seq`` increase by
 exactly one, and a marker that would repeat or skip raises
-:class:`MarkerSequenceError` instead of being passed on.
+:class:`MarkerSequenceError` instead of being passed on. A watch filtered
+by session, or made with a token (a tenant sees its own sessions' markers
+only, so its sequence has gaps), checks only that ``seq`` increases.
 """
 
 from __future__ import annotations
@@ -92,9 +94,11 @@ class MarkerWatch(Iterator[pb.CompactionMarker]):
 
     @property
     def filtered(self) -> bool:
-        """True when only some sessions' markers are watched (then
-        sequences have gaps by design)."""
-        return bool(self._session_ids)
+        """True when only some sessions' markers may be delivered (then
+        sequences have gaps by design): a session filter, or a token (a
+        tenant's watch delivers its own sessions' markers only)."""
+        authenticated = any(key == "authorization" for key, _ in self._broker.metadata)
+        return bool(self._session_ids) or authenticated
 
     def close(self) -> None:
         """Ends the iteration; safe from any thread."""
