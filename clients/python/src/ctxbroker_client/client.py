@@ -76,7 +76,14 @@ class Tls:
 
 def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
     """A channel to ``host:port`` with :data:`CHANNEL_OPTIONS`: plaintext,
-    or over TLS with ``tls``."""
+    or over TLS with ``tls``. ``unix:/path`` reaches a daemon serving a
+    Unix socket (``--listen-unix``), plaintext."""
+    if target.startswith("unix:"):
+        # gRPC names the socket's path as the call's authority, which is no
+        # host the daemon's HTTP/2 server accepts; any host name does.
+        return grpc.insecure_channel(
+            target, options=CHANNEL_OPTIONS + (("grpc.default_authority", "localhost"),)
+        )
     if tls is None:
         return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
     return grpc.secure_channel(target, tls.credentials(), options=CHANNEL_OPTIONS + tls.options())
@@ -194,7 +201,8 @@ class Broker:
     """A client of one ctxbroker daemon.
 
     ``target`` is ``host:port`` (a channel with :data:`CHANNEL_OPTIONS` is
-    made: plaintext, or over TLS with ``tls``) or a ready
+    made: plaintext, or over TLS with ``tls``), ``unix:/path`` for a daemon
+    serving a Unix socket, or a ready
     :class:`grpc.Channel`.
     ``token`` is a bearer token for a daemon started with a token file
     (``auth_tokens_file``): every call then carries ``authorization:
