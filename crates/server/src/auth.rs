@@ -528,13 +528,15 @@ pub fn authorize(
     );
     let detail = match allowed(method) {
         Some(allowed) => format!(
-            "a {} token may not call {method}; it is for {} tokens",
+            "the {} token {:?} may not call {method}; it is for {} tokens",
             caller.role.name(),
+            caller.token_id.as_deref().unwrap_or(""),
             allowed.roles()
         ),
         None => format!(
-            "{method} is not an RPC of ctxbroker.v1.ContextBroker; a {} token may call only the RPCs its role allows",
-            caller.role.name()
+            "{method} is not an RPC of ctxbroker.v1.ContextBroker; the {} token {:?} may call only the RPCs its role allows",
+            caller.role.name(),
+            caller.token_id.as_deref().unwrap_or("")
         ),
     };
     Err(ApiError::PermissionDenied {
@@ -976,7 +978,7 @@ mod tests {
         let status = tonic::Status::from(denied);
         assert_eq!(
             status.message(),
-            "permission denied: a watcher token may not call Admit; it is for agent and operator tokens"
+            "permission denied: the watcher token \"dash\" may not call Admit; it is for agent and operator tokens"
         );
         let info = status.get_error_details().error_info().unwrap().clone();
         assert_eq!(info.reason, "PERMISSION_DENIED");
