@@ -194,7 +194,12 @@ impl BrokerService {
     }
 
     /// The full id of the session a caller in `scope` names `id`.
-    fn full_id(&self, scope: &Scope, field: &str, id: &str) -> Result<String, ApiError> {
+    fn full_id<'a>(
+        &self,
+        scope: &Scope,
+        field: &str,
+        id: &'a str,
+    ) -> Result<std::borrow::Cow<'a, str>, ApiError> {
         self.check_named(scope, field, id)
             .map_err(validate::single)?;
         Ok(scope.full_id(id))
@@ -510,7 +515,7 @@ impl ContextBroker for BrokerService {
                             "is not a token returned by ListSessions",
                         ))
                     })?;
-                Some(scope.full_id(&req.page_token))
+                Some(scope.full_id(&req.page_token).into_owned())
             };
             let mut records = self
                 .broker
@@ -572,13 +577,14 @@ impl ContextBroker for BrokerService {
         let caller = self.caller(&request)?;
         let scope = caller.scope();
         let req = request.into_inner();
+        let full = scope.full_id(&req.session_id);
         let result = async {
-            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            self.check_named(&scope, "session_id", &req.session_id)
+                .map_err(validate::single)?;
             let spans_deleted = self.broker.delete_session(&full).await?;
             Ok(pb::DeleteSessionResponse { spans_deleted })
         }
         .await;
-        let full = scope.full_id(&req.session_id);
         self.audit(&caller, Action::DeleteSession, &full, &result, |r| {
             format!("{} spans deleted", r.spans_deleted)
         })
@@ -656,7 +662,7 @@ impl ContextBroker for BrokerService {
                             Ok(reply) => {
                                 if bound.is_none() {
                                     bound = Some(admit.session_id.clone());
-                                    let filter = HashSet::from([scope.full_id(&admit.session_id)]);
+                                    let filter = HashSet::from([scope.full_id(&admit.session_id).into_owned()]);
                                     // Markers from here on; this turn's own is in the reply.
                                     feed = MarkerFeed::open(
                                         &service.hub,
@@ -868,7 +874,6 @@ impl ContextBroker for BrokerService {
             let Some(plan_id) = plan_id else {
                 return Err(validate::single(BadField::new("plan_id", "is malformed")));
             };
-            let full = scope.full_id(&req.session_id);
             let actor = attested_actor(&caller, &req.actor);
             let edits = convert::edits_from_pb(req.summary_text, req.compressed_forms, actor);
             let committed = self.broker.commit(&full, plan_id, edits).await?;
@@ -899,7 +904,8 @@ impl ContextBroker for BrokerService {
         let full = scope.full_id(&req.session_id);
         let span_id = req.span_id;
         let result = async {
-            let full = self.full_id(&scope, "session_id", &req.session_id)?;
+            self.check_named(&scope, "session_id", &req.session_id)
+                .map_err(validate::single)?;
             let predicate = req.predicate.unwrap_or_default();
             let mut bad = Vec::new();
             validate::modality("predicate", &predicate, &mut bad);
@@ -942,7 +948,6 @@ impl ContextBroker for BrokerService {
             validate::label("actor", &req.actor, caller.token_id.is_none(), &mut bad);
             validate::label("reason", &req.reason, true, &mut bad);
             validate::finish(bad)?;
-            let full = scope.full_id(&req.session_id);
             let actor = attested_actor(&caller, &req.actor);
             let committed = self
                 .broker
@@ -1008,7 +1013,7 @@ impl ContextBroker for BrokerService {
         let filter = (!req.session_ids.is_empty()).then(|| {
             req.session_ids
                 .iter()
-                .map(|id| scope.full_id(id))
+                .map(|id| scope.full_id(id).into_owned())
                 .collect::<HashSet<_>>()
         });
         let mut feed = MarkerFeed::open(&self.hub, self.broker.store().clone(), start, filter)?

@@ -8,6 +8,7 @@
 //! so another tenant's session is, to it, a session that does not exist.
 //! An operator sees the whole key space and names sessions by full id.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::error::BadField;
@@ -108,11 +109,12 @@ impl Scope {
     }
 
     /// The full id of the session the caller names `id` (already checked
-    /// as a session id the caller may write).
-    pub fn full_id(&self, id: &str) -> String {
+    /// as a session id the caller may write): `id` itself, not copied, for
+    /// an operator.
+    pub fn full_id<'a>(&self, id: &'a str) -> Cow<'a, str> {
         match &self.tenant {
-            Some(tenant) => format!("{tenant}{SEPARATOR}{id}"),
-            None => id.to_owned(),
+            Some(tenant) => Cow::Owned(format!("{tenant}{SEPARATOR}{id}")),
+            None => Cow::Borrowed(id),
         }
     }
 
