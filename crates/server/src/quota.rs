@@ -326,12 +326,31 @@ impl Quotas {
     /// it brings (0 for a new session). Dropped, the hold gives them back;
     /// [`Hold::keep`] once the session is written.
     pub fn reserve_session(&self, tenant: Option<&str>, bytes: u64) -> Result<Hold<'_>, ApiError> {
+        self.reserve(tenant, 1, bytes)
+    }
+
+    /// Reserves `bytes` of text for a turn about to be admitted. Dropped,
+    /// the hold gives them back; [`Quotas::settle`] turns them into the
+    /// change's charge.
+    pub fn reserve_bytes(&self, tenant: Option<&str>, bytes: u64) -> Result<Hold<'_>, ApiError> {
+        self.reserve(tenant, 0, bytes)
+    }
+
+    /// Reserves `sessions` (0 or 1) session slots and `bytes` of text,
+    /// checking both quotas first.
+    fn reserve(
+        &self,
+        tenant: Option<&str>,
+        sessions: u64,
+        bytes: u64,
+    ) -> Result<Hold<'_>, ApiError> {
         let Some(tenant) = tenant else {
             return Ok(Hold::none(self));
         };
         let outcome = self.with(tenant, Instant::now(), |name, state| {
             let limits = state.limits;
-            if let Some(held) = state.sessions
+            if sessions > 0
+                && let Some(held) = state.sessions
                 && limits.max_sessions > 0
                 && held >= limits.max_sessions
             {
@@ -345,7 +364,7 @@ impl Quotas {
             }
             check_bytes(tenant, state, bytes)?;
             if let Some(held) = state.sessions.as_mut() {
-                *held += 1;
+                *held += sessions;
             }
             if let Some(held) = state.bytes.as_mut() {
                 *held += bytes;
@@ -353,29 +372,7 @@ impl Quotas {
             Ok(Hold {
                 quotas: self,
                 tenant: Some(name.clone()),
-                sessions: 1,
-                bytes,
-            })
-        });
-        outcome.unwrap_or_else(|| Ok(Hold::none(self)))
-    }
-
-    /// Reserves `bytes` of text for a turn about to be admitted. Dropped,
-    /// the hold gives them back; [`Quotas::settle`] turns them into the
-    /// change's charge.
-    pub fn reserve_bytes(&self, tenant: Option<&str>, bytes: u64) -> Result<Hold<'_>, ApiError> {
-        let Some(tenant) = tenant else {
-            return Ok(Hold::none(self));
-        };
-        let outcome = self.with(tenant, Instant::now(), |name, state| {
-            check_bytes(tenant, state, bytes)?;
-            if let Some(held) = state.bytes.as_mut() {
-                *held += bytes;
-            }
-            Ok(Hold {
-                quotas: self,
-                tenant: Some(name.clone()),
-                sessions: 0,
+                sessions,
                 bytes,
             })
         });

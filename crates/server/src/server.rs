@@ -492,6 +492,15 @@ fn reload_on_hangup(control: Control) {
     drop(control);
 }
 
+/// Shares `loaded` with the [`Control`] slot that reloads it on SIGHUP.
+fn reloadable<T>(slot: &std::sync::Mutex<Option<Arc<T>>>, loaded: T) -> Arc<T> {
+    let shared = Arc::new(loaded);
+    *slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(shared.clone());
+    shared
+}
+
 /// What may be served where: gRPC on `local` (a TCP address; `None` for
 /// a Unix socket, which is owner-only and so may serve plaintext and,
 /// without tokens, every call) and the metrics on theirs. Refuses
@@ -665,25 +674,11 @@ pub async fn run_with(
     // The files and the plaintext rule first: a bad setting stops the
     // start before anything is opened.
     let tls = match TlsFiles::from_settings(&settings.tls) {
-        Some(files) => {
-            let tls = Arc::new(Tls::load(files)?);
-            *control
-                .tls
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tls.clone());
-            Some(tls)
-        }
+        Some(files) => Some(reloadable(&control.tls, Tls::load(files)?)),
         None => None,
     };
     let tokens = match &settings.auth_tokens_file {
-        Some(path) => {
-            let tokens = Arc::new(Tokens::load(path)?);
-            *control
-                .tokens
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokens.clone());
-            Some(tokens)
-        }
+        Some(path) => Some(reloadable(&control.tokens, Tokens::load(path)?)),
         None => None,
     };
     let listener: Listener = listener.into();
