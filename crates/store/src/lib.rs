@@ -14,7 +14,9 @@
 //! every keyspace. A second thread, the flusher, then flushes once for
 //! every batch applied since its last flush, publishes the new marker
 //! head, calls the commit hook with their markers and acknowledges; the
-//! writer meanwhile applies the next batch. Concurrent requests thus share
+//! writer meanwhile applies the next batch. With relaxed durability there
+//! is no flush to wait for, so the writer does that itself, without the
+//! hand-over. Concurrent requests thus share
 //! flushes, and no request task ever waits on the engine's flush machinery
 //! itself (sled 0.34 deadlocks when eight or more callers await its
 //! asynchronous flush at once).

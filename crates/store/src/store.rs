@@ -14,10 +14,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{
-    MarkerBounds, Pin, SessionRecord, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp,
+    Durability, MarkerBounds, Pin, SessionRecord, StoreOptions, StoreStats, StoredSpan, WriteAck,
+    WriteOp,
 };
 use crate::record::{self, FORMAT_VERSION};
-use crate::writer::{EpochFile, Flusher, Msg, Op, Request, Shared, Trees, Writer};
+use crate::writer::{EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer};
 
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
@@ -120,11 +121,9 @@ impl Store {
         ));
         let max_batch = options.max_batch.max(1);
         let (queue, rx) = mpsc::channel(max_batch.saturating_mul(2));
-        let (to_flusher, from_writer) = std::sync::mpsc::channel();
         let flusher = Flusher {
             db: trees.db.clone(),
             shared: Arc::clone(&shared),
-            rx: from_writer,
             durability: options.durability,
             hook: options.on_commit,
             on_flush: options.on_flush,
@@ -133,18 +132,24 @@ impl Store {
             epoch_file,
             epoch,
         };
-        let flusher_thread = std::thread::Builder::new()
-            .name("ctxbroker-store-flusher".into())
-            .spawn(move || flusher.run())
-            .map_err(|e| StoreError::Io(format!("starting the flusher thread: {e}")))?;
+        let handoff = match options.durability {
+            Durability::Flush => {
+                let (to, from_writer) = std::sync::mpsc::channel();
+                let thread = std::thread::Builder::new()
+                    .name("ctxbroker-store-flusher".into())
+                    .spawn(move || flusher.run(from_writer))
+                    .map_err(|e| StoreError::Io(format!("starting the flusher thread: {e}")))?;
+                Handoff::Thread { to, thread }
+            }
+            Durability::Relaxed => Handoff::Inline(Box::new(flusher)),
+        };
         let writer = Writer {
             trees: trees.clone(),
             shared: Arc::clone(&shared),
             rx,
             retention: options.marker_retention,
             max_batch,
-            flusher: to_flusher,
-            flusher_thread,
+            handoff,
             next_seq,
             oldest_seq,
             sessions,

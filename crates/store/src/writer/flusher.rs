@@ -28,7 +28,6 @@ pub(crate) struct Applied {
 pub(crate) struct Flusher {
     pub(crate) db: sled::Db,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) rx: std::sync::mpsc::Receiver<Applied>,
     pub(crate) durability: Durability,
     pub(crate) hook: Option<CommitHook>,
     /// Told how long each successful flush took.
@@ -109,15 +108,22 @@ impl EpochFile {
 }
 
 impl Flusher {
-    /// Runs until the writer hangs up, then flushes one last time.
-    pub(crate) fn run(mut self) -> Result<(), StoreError> {
-        while let Ok(first) = self.rx.recv() {
+    /// Runs on a thread of its own until the writer hangs up, then flushes
+    /// one last time.
+    pub(crate) fn run(mut self, rx: std::sync::mpsc::Receiver<Applied>) -> Result<(), StoreError> {
+        while let Ok(first) = rx.recv() {
             let mut group = vec![first];
-            while let Ok(next) = self.rx.try_recv() {
+            while let Ok(next) = rx.try_recv() {
                 group.push(next);
             }
             self.commit(group);
         }
+        self.finish()
+    }
+
+    /// The last flush, when the store closes: records its epoch and hands
+    /// on what it covered.
+    pub(super) fn finish(mut self) -> Result<(), StoreError> {
         self.shared.flushes.fetch_add(1, Ordering::Relaxed);
         self.flush()?;
         self.epoch_file.record(self.epoch)?;

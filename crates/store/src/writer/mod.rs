@@ -5,7 +5,9 @@
 //! queued (up to `max_batch`), checks each write against the stored state
 //! as left by the writes before it in the batch, and applies every accepted
 //! write of the batch as one multi-tree transaction. It then hands the
-//! batch to the flusher and takes the next one. The flusher takes every
+//! batch to the flusher and takes the next one (with relaxed durability,
+//! where nothing waits for a flush, it does the flusher's part itself:
+//! see [`Handoff`]). The flusher takes every
 //! batch applied so far, flushes once for all of them, publishes the new
 //! marker head, calls the commit hook with their markers in seq order,
 //! and only then acknowledges. Refused writes are answered at once: they
@@ -180,6 +182,26 @@ pub(crate) enum Msg {
     Wake,
 }
 
+/// Who acknowledges the batches the writer applied.
+pub(crate) enum Handoff {
+    /// Acknowledgements wait for a flush
+    /// ([`Durability::Flush`](crate::Durability::Flush)): the flusher
+    /// thread takes each applied batch, so that the writer applies the
+    /// next one while it flushes.
+    Thread {
+        to: std::sync::mpsc::Sender<Applied>,
+        /// Joined when the writer ends, after it has handed over its last
+        /// batch.
+        thread: JoinHandle<Result<(), StoreError>>,
+    },
+    /// Acknowledgements wait for nothing
+    /// ([`Durability::Relaxed`](crate::Durability::Relaxed)): the writer
+    /// moves the head, acknowledges and calls the hook itself, sparing
+    /// every batch a hand-over to another thread; the flusher's last flush
+    /// runs when the writer ends.
+    Inline(Box<Flusher>),
+}
+
 /// The writer's state: the trees and the counters only it advances.
 pub(crate) struct Writer {
     pub(crate) trees: Trees,
@@ -188,9 +210,7 @@ pub(crate) struct Writer {
     pub(crate) retention: u64,
     pub(crate) max_batch: usize,
     /// Where applied batches go to be flushed and acknowledged.
-    pub(crate) flusher: std::sync::mpsc::Sender<Applied>,
-    /// Joined when the writer ends, after it has handed over its last batch.
-    pub(crate) flusher_thread: JoinHandle<Result<(), StoreError>>,
+    pub(crate) handoff: Handoff,
     /// The seq the next marker gets.
     pub(crate) next_seq: u64,
     /// The oldest marker retained.
@@ -227,10 +247,15 @@ impl Writer {
             }
             self.run_batch(batch);
         }
-        drop(self.flusher);
-        self.flusher_thread
-            .join()
-            .map_err(|_| StoreError::Engine("the flusher thread panicked".into()))?
+        match self.handoff {
+            Handoff::Thread { to, thread } => {
+                drop(to);
+                thread
+                    .join()
+                    .map_err(|_| StoreError::Engine("the flusher thread panicked".into()))?
+            }
+            Handoff::Inline(flusher) => flusher.finish(),
+        }
     }
 
     fn run_batch(&mut self, batch: Vec<Request>) {
@@ -342,7 +367,7 @@ impl Writer {
                 let _ = ack.send(Err(err.clone()));
             }
         }
-        let handed = self.flusher.send(Applied {
+        let applied = Applied {
             acks: accepted,
             epoch,
             markers,
@@ -350,13 +375,18 @@ impl Writer {
                 oldest,
                 next: next_seq,
             },
-        });
-        if let Err(std::sync::mpsc::SendError(lost)) = handed {
-            // The flusher is gone (it panicked): nobody can vouch for
-            // durability any more.
-            for (ack, _) in lost.acks {
-                let _ = ack.send(Err(StoreError::Closed));
+        };
+        match &mut self.handoff {
+            Handoff::Thread { to, .. } => {
+                if let Err(std::sync::mpsc::SendError(lost)) = to.send(applied) {
+                    // The flusher is gone (it panicked): nobody can vouch
+                    // for durability any more.
+                    for (ack, _) in lost.acks {
+                        let _ = ack.send(Err(StoreError::Closed));
+                    }
+                }
             }
+            Handoff::Inline(flusher) => flusher.commit(vec![applied]),
         }
     }
 }
