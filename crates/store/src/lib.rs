@@ -11,7 +11,9 @@
 //! writer takes a batch of queued writes, checks each against the stored
 //! state (a stale revision or a missing session refuses that write alone,
 //! at once) and applies the accepted ones as a single transaction over
-//! every keyspace. A second thread, the flusher, then flushes once for
+//! every keyspace; a batch that only appends turns (admissions without a
+//! compaction, one per session) is applied without one, in an order that
+//! a crash can only cut where the next open repairs it. A second thread, the flusher, then flushes once for
 //! every batch applied since its last flush, publishes the new marker
 //! head, calls the commit hook with their markers and acknowledges; the
 //! writer meanwhile applies the next batch. With relaxed durability there

@@ -119,7 +119,8 @@ pub struct StoreStats {
     pub rejected: u64,
     /// Batches: each time the writer drained the queue.
     pub batches: u64,
-    /// Transactions applied (batches with at least one accepted write).
+    /// Batches applied (those with at least one accepted write), each as
+    /// one transaction or, when it only appends turns, in order.
     pub transactions: u64,
     /// Flushes to disk. One flush covers every batch applied before it
     /// started, so there can be fewer flushes than batches.

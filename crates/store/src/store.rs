@@ -108,6 +108,7 @@ impl Store {
         let (next_seq, oldest_seq) = check_format(&trees)?;
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
         let epoch = check_epoch(&trees, dir, recorded)?;
+        crate::writer::repair_torn_appends(&trees)?;
         epoch_file.record(epoch)?;
         crate::search::index_unindexed(&trees)?;
         let sessions = trees.sessions.len() as u64;
@@ -154,6 +155,7 @@ impl Store {
             oldest_seq,
             sessions,
             epoch,
+            torn: false,
         };
         let handle = std::thread::Builder::new()
             .name("ctxbroker-store-writer".into())

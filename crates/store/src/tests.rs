@@ -737,3 +737,118 @@ async fn a_prefix_lists_one_tenants_sessions_in_pages() {
     assert_eq!(store.sessions_under("", None, 10).unwrap().len(), 7);
     assert_eq!(store.session(&long).unwrap().unwrap().id, long);
 }
+
+/// Every row of the trees a session's admissions write.
+fn admission_rows(store: &Store) -> Vec<(TreeId, Vec<u8>, Vec<u8>)> {
+    let mut rows = Vec::new();
+    for tree in [
+        TreeId::Sessions,
+        TreeId::Spans,
+        TreeId::Pins,
+        TreeId::Keys,
+        TreeId::Terms,
+        TreeId::Archive,
+    ] {
+        for entry in store.raw_tree(tree).iter() {
+            let (key, value) = entry.unwrap();
+            rows.push((tree, key.to_vec(), value.to_vec()));
+        }
+    }
+    rows
+}
+
+#[tokio::test]
+async fn an_append_a_crash_tore_is_removed_at_open() {
+    let turn = || {
+        write(
+            Change {
+                append: vec![span(2), support::constraint(3, "never touch prod")],
+                ..change(2, record("t", 3, 4))
+            },
+            vec![("turn-2/a".into(), 2), ("turn-2/b".into(), 3)],
+        )
+    };
+    // What survives of the append: every new row but the record, or
+    // only the first row the writer puts (the first span's term row).
+    for only_first in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        store
+            .write(WriteOp::CreateSession {
+                record: record("t", 1, 1),
+            })
+            .await
+            .unwrap();
+        store
+            .write(write(
+                Change {
+                    append: vec![span(1)],
+                    ..change(1, record("t", 2, 2))
+                },
+                vec![("turn-1/a".into(), 1)],
+            ))
+            .await
+            .unwrap();
+        let before = admission_rows(&store);
+        store.write(turn()).await.unwrap();
+        let after = admission_rows(&store);
+        assert!(after.len() >= before.len() + 7, "{}", after.len());
+        // Back to the record before the append, with the new rows left.
+        let session = keys::session_key("t");
+        let old_record = before
+            .iter()
+            .find(|(tree, key, _)| *tree == TreeId::Sessions && *key == session)
+            .map(|(_, _, value)| value.clone())
+            .unwrap();
+        store
+            .raw_tree(TreeId::Sessions)
+            .insert(&session, old_record)
+            .unwrap();
+        if only_first {
+            let first = keys::session_number_key("t", 2);
+            for (tree, key, _) in &after {
+                let new = !before.iter().any(|(t, k, _)| t == tree && k == key);
+                if new && !(*tree == TreeId::Terms && *key == first) {
+                    store.raw_tree(*tree).remove(key).unwrap();
+                }
+            }
+        }
+        assert_ne!(admission_rows(&store), before);
+        store.close().unwrap();
+        drop(store);
+
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        assert_eq!(admission_rows(&store), before, "only_first: {only_first}");
+        assert!(store.spans_by_keys("t", &["turn-2/a".into()]).unwrap()[0].is_none());
+        // The turn can be admitted again, keys and all.
+        store.write(turn()).await.unwrap();
+        assert_eq!(admission_rows(&store), after);
+        store.close().unwrap();
+        drop(store);
+        // A store with nothing torn is left as it is.
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        assert_eq!(admission_rows(&store), after);
+    }
+}
+
+#[tokio::test]
+async fn a_record_update_cannot_move_next_span_id_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    store
+        .write(WriteOp::CreateSession {
+            record: record("u", 1, 5),
+        })
+        .await
+        .unwrap();
+    let refused = store
+        .write(WriteOp::UpdateSession {
+            expected_revision: 1,
+            record: record("u", 2, 4),
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::InvalidWrite { .. })),
+        "{refused:?}"
+    );
+}

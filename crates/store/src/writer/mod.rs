@@ -4,7 +4,9 @@
 //! The writer blocks for the first queued write, drains whatever else is
 //! queued (up to `max_batch`), checks each write against the stored state
 //! as left by the writes before it in the batch, and applies every accepted
-//! write of the batch as one multi-tree transaction. It then hands the
+//! write of the batch as one multi-tree transaction (or, when every write
+//! only appends a turn, in an order a crash cannot leave inconsistent once
+//! the next open has repaired it: see [`in_order`]). It then hands the
 //! batch to the flusher and takes the next one (with relaxed durability,
 //! where nothing waits for a flush, it does the flusher's part itself:
 //! see [`Handoff`]). The flusher takes every
@@ -14,7 +16,7 @@
 //! changed nothing. Request tasks never touch the engine's write path, so
 //! they can never pile up on its flush.
 //!
-//! Here: the writer thread and the one transaction per batch; the flusher
+//! Here: the writer thread and how a batch is applied; the flusher
 //! is in `flusher`, what one write checks and stages in `stage`.
 
 mod flusher;
@@ -219,6 +221,10 @@ pub(crate) struct Writer {
     pub(crate) sessions: u64,
     /// The commit epoch of the last applied batch.
     pub(crate) epoch: u64,
+    /// Set when a batch applied in order (see [`in_order`]) failed part
+    /// way: the engine holds part of it until the store is opened again
+    /// and [`repair_torn_appends`] removes it, so nothing more is written.
+    pub(crate) torn: bool,
 }
 
 impl Writer {
@@ -260,6 +266,15 @@ impl Writer {
 
     fn run_batch(&mut self, batch: Vec<Request>) {
         let shared = &self.shared;
+        if self.torn {
+            for request in batch {
+                let _ = request.ack.send(Err(StoreError::Engine(
+                    "an earlier batch failed part way; the store takes no more writes until it is opened again"
+                        .into(),
+                )));
+            }
+            return;
+        }
         shared.batches.fetch_add(1, Ordering::Relaxed);
         shared
             .writes
@@ -274,11 +289,17 @@ impl Writer {
         let mut markers = Vec::new();
         let mut reset = Vec::new();
         let mut accepted = Vec::with_capacity(batch.len());
+        // Whether every accepted write only appends spans to a session no
+        // other write of the batch touches (see `in_order`).
+        let mut appends_only = true;
+        let mut appended = std::collections::HashSet::new();
         for request in batch {
             let mut effects = Effects::default();
+            let appends_to = append_only_session(&request.op);
             match apply(&mut stage, request.op, next_seq, &mut effects) {
                 Ok(ack) => {
                     stage.keep();
+                    appends_only &= appends_to.is_some_and(|id| appended.insert(id));
                     next_seq += effects.markers.len() as u64;
                     markers.append(&mut effects.markers);
                     reset.append(&mut effects.reset);
@@ -337,7 +358,14 @@ impl Writer {
                 .snapshot
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let applied = transact(&self.trees, &writes);
+            let applied = match appends_only.then(|| in_order(&writes)).flatten() {
+                Some(order) => {
+                    let applied = put_in_order(&self.trees, &order);
+                    self.torn = applied.is_err();
+                    applied
+                }
+                None => transact(&self.trees, &writes),
+            };
             // Under the exclusive hold, so no search sees the new state
             // with the old postings.
             for id in &reset {
@@ -393,6 +421,144 @@ impl Writer {
 
 /// Staged changes: a value to store, or `None` to remove the key.
 type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
+
+/// A key to store in a tree, with its value.
+type Put<'a> = (TreeId, &'a [u8], &'a [u8]);
+
+/// The session a write only appends spans to (a turn admitted without a
+/// compaction: new spans, their term rows, pins and idempotency keys,
+/// and the session's record), or `None` for any other write.
+fn append_only_session(op: &Op) -> Option<String> {
+    match op {
+        Op::Write(WriteOp::Change { change, .. })
+            if change.marker.is_none()
+                && change.evict.is_empty()
+                && change.summary.is_none()
+                && change.replace.is_empty()
+                && !change.append.is_empty() =>
+        {
+            Some(change.record.id.clone())
+        }
+        _ => None,
+    }
+}
+
+/// The writes of a batch of appends, in the order that lets them be
+/// applied without a transaction, or `None` when the batch holds anything
+/// else (then it needs one).
+///
+/// Appending writes only keys that did not exist (term rows, spans, pins
+/// and idempotency keys of span ids from the session's `next_span_id` on)
+/// and then replaces the session's record, which moves `next_span_id`
+/// past them. The engine recovers a prefix of its log after a crash, so
+/// applying every term row first, then the other new keys, then the
+/// records, then the commit epoch, leaves a session of a torn batch in
+/// one of two states: its record written, so the whole append is there;
+/// or not, so what survived of the append lies at span ids from its
+/// record's `next_span_id` on, starting with a term row at that id. That
+/// term row is how [`repair_torn_appends`] finds such a session when the
+/// store opens, and removes the rest.
+///
+/// This spares the batch the transaction, whose two seals of the
+/// engine's log buffer each wake every one of its I/O threads.
+fn in_order(writes: &Writes) -> Option<Vec<Put<'_>>> {
+    const ORDER: [TreeId; 6] = [
+        TreeId::Terms,
+        TreeId::Spans,
+        TreeId::Pins,
+        TreeId::Keys,
+        TreeId::Sessions,
+        TreeId::Meta,
+    ];
+    let mut order = Vec::with_capacity(writes.len());
+    for tree in ORDER {
+        for ((t, key), value) in writes {
+            if *t != tree {
+                continue;
+            }
+            let value = value.as_deref()?;
+            if tree == TreeId::Meta && key.as_slice() != keys::META_COMMIT_EPOCH {
+                return None;
+            }
+            order.push((tree, key.as_slice(), value));
+        }
+    }
+    // A write to any other tree, or a removal, is not an append.
+    (order.len() == writes.len()).then_some(order)
+}
+
+/// Applies writes one by one in the given order (see [`in_order`]).
+fn put_in_order(trees: &Trees, order: &[Put<'_>]) -> Result<(), StoreError> {
+    for (tree, key, value) in order {
+        trees
+            .tree(*tree)
+            .insert(*key, *value)
+            .map_err(StoreError::engine)?;
+    }
+    Ok(())
+}
+
+/// Removes what survived of appends a crash tore (see [`in_order`]): for
+/// each session, the term rows, spans, pins and idempotency keys of span
+/// ids its record has not reached. A session's torn append starts with a
+/// term row at its record's `next_span_id`, so one look-up per session
+/// finds it; the term rows go last, so a repair cut short is found again.
+/// Returns how many sessions it repaired.
+pub(crate) fn repair_torn_appends(trees: &Trees) -> Result<u64, StoreError> {
+    let mut repaired = 0;
+    for entry in trees.sessions.iter() {
+        let (key, value) = entry.map_err(StoreError::engine)?;
+        // A damaged record is reported where it is read, as before.
+        let Ok(record) = record::decode_session(&key, &value) else {
+            continue;
+        };
+        let session = record.id.as_str();
+        if keys::check_session_id(session).is_err() {
+            continue;
+        }
+        let next = record.next_span_id;
+        let torn = keys::session_numbers_from(session, next);
+        if trees
+            .terms
+            .range(torn.clone())
+            .next()
+            .transpose()
+            .map_err(StoreError::engine)?
+            .is_none()
+        {
+            continue;
+        }
+        let prefix = keys::session_prefix(session);
+        for entry in trees.spans.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            if record::decode_span(&key, &value).is_ok_and(|span| span.id >= next) {
+                trees.spans.remove(&key).map_err(StoreError::engine)?;
+            }
+        }
+        for entry in trees.keys.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            if record::decode_key(&key, &value).is_ok_and(|id| id >= next) {
+                trees.keys.remove(&key).map_err(StoreError::engine)?;
+            }
+        }
+        for tree in [&trees.pins, &trees.terms] {
+            for entry in tree.range(torn.clone()).keys() {
+                let key = entry.map_err(StoreError::engine)?;
+                tree.remove(&key).map_err(StoreError::engine)?;
+            }
+        }
+        tracing::warn!(
+            session_id = session,
+            next_span_id = next,
+            "removed the part of an admission a crash interrupted"
+        );
+        repaired += 1;
+    }
+    if repaired > 0 {
+        trees.db.flush().map_err(StoreError::engine)?;
+    }
+    Ok(repaired)
+}
 
 /// A key and its value.
 type Entry = (Vec<u8>, Vec<u8>);

@@ -193,7 +193,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
     Ok(())
 }
 
-/// Indexes a newly stored span for search, in the same transaction as the
+/// Indexes a newly stored span for search, in the same batch as the
 /// span itself: one row, its term vector. A span is indexed once, as it
 /// was stored: eviction moves it to the archive without touching its row.
 pub(crate) fn index_span(stage: &mut Stage<'_>, session: &str, span: &Span) {
@@ -315,6 +315,17 @@ pub(super) fn apply(
             keys::check_session_id(&record.id)?;
             let stored = load_session(stage, &record.id)?;
             check_revision(&record.id, expected_revision, &stored)?;
+            if record.next_span_id < stored.next_span_id {
+                // Every stored span id is below it (the repair of a torn
+                // append relies on that).
+                return Err(invalid(
+                    &record.id,
+                    format!(
+                        "next_span_id would move back from {} to {}",
+                        stored.next_span_id, record.next_span_id
+                    ),
+                ));
+            }
             put_session(stage, &record);
             Ok(WriteAck::default())
         }
