@@ -44,6 +44,11 @@ use crate::search::IndexCache;
 /// rest go in later batches.
 const TRIM_PER_BATCH: u64 = 4096;
 
+/// The most writes a batch of appends is applied in order (see
+/// [`in_order`]); a larger one is a transaction, whose fixed cost it
+/// spreads over that many writes anyway.
+const IN_ORDER_MAX_WRITES: usize = 256;
+
 /// The engine's trees, opened once.
 #[derive(Clone)]
 pub(crate) struct Trees {
@@ -462,6 +467,9 @@ fn append_only_session(op: &Op) -> Option<String> {
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
 fn in_order(writes: &Writes) -> Option<Vec<Put<'_>>> {
+    if writes.len() > IN_ORDER_MAX_WRITES {
+        return None;
+    }
     const ORDER: [TreeId; 6] = [
         TreeId::Terms,
         TreeId::Spans,
