@@ -47,6 +47,21 @@
 use ctxbroker_bench::common::Failure;
 use ctxbroker_bench::watch;
 
+/// The allocator and options `ctxbrokerd` ships with (src/main.rs), so
+/// that the daemon this binary serves, in process or as a child, is
+/// measured as it runs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, as in `ctxbrokerd`: two arenas, freed pages
+/// returned after one second; `_RJEM_MALLOC_CONF` overrides them.
+#[allow(unsafe_code)]
+// SAFETY: jemalloc reads this symbol as a `const char *` to a
+// NUL-terminated string and never writes through it; a `&[u8; N]` is
+// such a pointer, and the bytes end in NUL.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: &[u8; 30] = b"narenas:2,dirty_decay_ms:1000\0";
+
 #[tokio::main]
 async fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();

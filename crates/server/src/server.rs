@@ -182,7 +182,6 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
     // with the `failpoints` feature.
     #[cfg(feature = "failpoints")]
     let _faults = fail::FailScenario::setup();
-    cap_malloc_arenas();
     private_new_files();
     let mut cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -249,27 +248,6 @@ pub fn main_with_args(args: impl IntoIterator<Item = OsString>, build: BuildInfo
         }
     }
 }
-
-/// Caps glibc malloc at two arenas, before the runtime's threads start,
-/// unless `MALLOC_ARENA_MAX` chooses. By default glibc gives threads up to
-/// eight arenas per core, each keeping what it freed: on the storage run
-/// (docs/benchmarks.md) the uncapped daemon held 46 MiB more after reading
-/// every session back at 2,000 sessions, 126 MiB more at 10,000.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn cap_malloc_arenas() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
-    // SAFETY: mallopt only tunes the allocator; it takes no pointer and
-    // glibc serialises it against allocations.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn cap_malloc_arenas() {}
 
 /// Raises the soft limit on open descriptors to the hard one: every
 /// connection is a descriptor, and the usual soft limit (1024) is below
