@@ -120,6 +120,113 @@ pub(crate) mod fasthash {
     pub(crate) fn set<K>(n: usize) -> FastSet<K> {
         HashSet::with_capacity_and_hasher(n, FastState::default())
     }
+
+    /// A set of ids asked about once per live span: one bit per id
+    /// between the least and the greatest when they lie close enough
+    /// together (a session numbers its spans in order, so the ids a plan
+    /// names mostly do), otherwise the fast hash set. The same answers
+    /// either way; the bits cost a shift and a mask, no hashing.
+    #[derive(Debug, Clone)]
+    pub(crate) enum IdSet {
+        /// Bit `id - least` of the words is set for each id.
+        Dense { least: u64, words: Vec<u64> },
+        /// Ids too far apart for bits.
+        Sparse(FastSet<u64>),
+    }
+
+    impl IdSet {
+        /// Bits per id at most before the hash set is the cheaper.
+        const BITS_PER_ID: u64 = 256;
+
+        /// The set of `ids` (repeats allowed).
+        pub(crate) fn of(ids: &[u64]) -> IdSet {
+            let (Some(&least), Some(&most)) = (ids.iter().min(), ids.iter().max()) else {
+                return IdSet::Dense {
+                    least: 0,
+                    words: Vec::new(),
+                };
+            };
+            let span = most - least;
+            let bound = (ids.len() as u64)
+                .saturating_mul(IdSet::BITS_PER_ID)
+                .max(4096);
+            if span >= bound {
+                let mut set = set(ids.len());
+                set.extend(ids.iter().copied());
+                return IdSet::Sparse(set);
+            }
+            // span < bound, which fits in memory as bits: it is at most
+            // 256 bits per id given.
+            let mut words = vec![0u64; (span / 64 + 1) as usize];
+            for &id in ids {
+                let at = id - least;
+                if let Some(w) = words.get_mut((at / 64) as usize) {
+                    *w |= 1 << (at % 64);
+                }
+            }
+            IdSet::Dense { least, words }
+        }
+
+        /// Whether `id` is in the set.
+        #[inline]
+        pub(crate) fn contains(&self, id: u64) -> bool {
+            match self {
+                IdSet::Dense { least, words } => id.checked_sub(*least).is_some_and(|at| {
+                    usize::try_from(at / 64)
+                        .ok()
+                        .and_then(|k| words.get(k))
+                        .is_some_and(|w| (w >> (at % 64)) & 1 == 1)
+                }),
+                IdSet::Sparse(set) => set.contains(&id),
+            }
+        }
+
+        /// Whether the set holds no id.
+        pub(crate) fn is_empty(&self) -> bool {
+            match self {
+                IdSet::Dense { words, .. } => words.is_empty(),
+                IdSet::Sparse(set) => set.is_empty(),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::IdSet;
+        use std::collections::HashSet;
+
+        #[test]
+        fn an_id_set_answers_like_a_hash_set() {
+            let mut rng = crate::testing::Rng(0x6a09_e667_f3bc_c908);
+            for round in 0..500 {
+                let n = rng.index(200);
+                let base = match round % 4 {
+                    0 => 0,
+                    1 => rng.below(1_000_000),
+                    2 => u64::MAX - 10_000,
+                    _ => 1 << 40,
+                };
+                let spread = match round % 3 {
+                    0 => 100,
+                    1 => 100_000,
+                    _ => u64::MAX / 4,
+                };
+                let ids: Vec<u64> = (0..n)
+                    .map(|_| base.saturating_add(rng.below(spread)))
+                    .collect();
+                let set = IdSet::of(&ids);
+                let plain: HashSet<u64> = ids.iter().copied().collect();
+                assert_eq!(set.is_empty(), plain.is_empty());
+                let probes = ids
+                    .iter()
+                    .flat_map(|&id| [id, id.wrapping_sub(1), id.wrapping_add(1), id ^ 64])
+                    .chain([0, 1, u64::MAX, base, base.wrapping_sub(1)]);
+                for probe in probes {
+                    assert_eq!(set.contains(probe), plain.contains(&probe), "{probe}");
+                }
+            }
+        }
+    }
 }
 
 pub use admission::{AdmissionInput, Compaction, Decision, Refusal, decide};

@@ -54,7 +54,7 @@
 
 use crate::config::SessionConfig;
 use crate::facts::LiveFacts;
-use crate::fasthash::{self, FastMap, FastSet};
+use crate::fasthash::{self, FastMap, IdSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
 use crate::relevance::{score, score_with};
@@ -623,11 +623,10 @@ pub(crate) fn made_spans(pre: &[Span], plan: &Plan) -> Vec<Span> {
             m.extend(plan.compressed.iter().map(|c| (c.span_id, c)));
             m
         };
-        let mut evicted: FastSet<SpanId> = fasthash::set(plan.evicted.len());
-        evicted.extend(plan.evicted.iter().map(|e| e.span_id));
+        let evicted = evicted_ids(plan);
         // In the order of pre, as `apply_refs` meets them; the last form
         // given for a span wins, as a map built from the list keeps it.
-        for s in pre.iter().filter(|s| !evicted.contains(&s.id)) {
+        for s in pre.iter().filter(|s| !evicted.contains(s.id)) {
             if let Some(form) = compressed.get(&s.id) {
                 made.push(compressed_span(s, &form.text, form.tokens));
             }
@@ -637,12 +636,17 @@ pub(crate) fn made_spans(pre: &[Span], plan: &Plan) -> Vec<Span> {
     made
 }
 
+/// The ids a plan evicts, asked about once per live span.
+fn evicted_ids(plan: &Plan) -> IdSet {
+    let ids: Vec<SpanId> = plan.evicted.iter().map(|e| e.span_id).collect();
+    IdSet::of(&ids)
+}
+
 /// [`apply`] without copying the spans it keeps: the post-state as
 /// references into `pre` and into `made` (from [`made_spans`] of the same
 /// `pre` and `plan`), in the same order as [`apply`] returns them.
 pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> Vec<&'a Span> {
-    let mut evicted: FastSet<SpanId> = fasthash::set(plan.evicted.len());
-    evicted.extend(plan.evicted.iter().map(|e| e.span_id));
+    let evicted = evicted_ids(plan);
     let summary = plan.summary.as_ref().and(made.last());
     let mut forms = made[..made.len() - usize::from(summary.is_some())].iter();
     let mut post: Vec<&Span> = Vec::with_capacity(pre.len() + 1);
@@ -657,7 +661,7 @@ pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> 
     let mut last_position = None;
     let mut pending = summary;
     for s in pre {
-        if !evicted.is_empty() && evicted.contains(&s.id) {
+        if !evicted.is_empty() && evicted.contains(s.id) {
             continue;
         }
         let kept = if compressing

@@ -490,56 +490,92 @@ fn choose_sentences(
 /// differ in its last bits from one call to the next, break ties between
 /// equally salient sentences differently, and make the same plan come out
 /// with another summary when it is re-derived to be committed.
+///
+/// The words of all sentences stand in one list, each sentence's a range
+/// of it, and each distinct word is numbered once: its weight is then
+/// computed once and looked up by number, summed in the same order.
 fn score_sentences(candidates: &mut [Candidate]) {
-    // A word already in lower case is borrowed, not copied: the same
-    // words, compared and sorted the same.
-    fn lower(w: &str) -> Cow<'_, str> {
-        if w.is_ascii() && !w.bytes().any(|b| b.is_ascii_uppercase()) {
-            Cow::Borrowed(w)
-        } else {
-            Cow::Owned(w.to_lowercase())
-        }
+    // Each sentence's distinct words, sorted, one after the other.
+    let mut words: Vec<Cow<'_, str>> = Vec::new();
+    let mut ends: Vec<usize> = Vec::with_capacity(candidates.len());
+    let mut scratch: Vec<Cow<'_, str>> = Vec::new();
+    for c in candidates.iter() {
+        scratch.clear();
+        salient_words(&c.text, |w| scratch.push(lowered(w)));
+        scratch.sort_unstable();
+        scratch.dedup();
+        words.append(&mut scratch);
+        ends.push(words.len());
     }
-    let words: Vec<Vec<Cow<'_, str>>> = candidates
+    // Each distinct word's number, and how many sentences use it. The
+    // fast hasher: the sums are taken in each sentence's sorted order, so
+    // the table's order does not matter.
+    let mut numbers: FastMap<&str, u32> = fasthash::map(words.len());
+    let mut df: Vec<u32> = Vec::new();
+    let ids: Vec<u32> = words
         .iter()
-        .map(|c| {
-            let mut words: Vec<Cow<'_, str>> = c
-                .text
-                .split(|ch: char| !is_word_char(ch))
-                .filter(|w| w.chars().count() >= 4)
-                .map(lower)
-                .collect();
-            words.sort_unstable();
-            words.dedup();
-            words
+        .map(|w| {
+            let next = u32::try_from(df.len()).unwrap_or(u32::MAX);
+            let id = *numbers.entry(w.as_ref()).or_insert(next);
+            if id == next {
+                df.push(0);
+            }
+            if let Some(d) = df.get_mut(id as usize) {
+                *d += 1;
+            }
+            id
         })
         .collect();
-    // Looked up once per word: the fast hasher (the sums are taken in
-    // each sentence's sorted order, so the table's order does not matter).
-    let mut df: FastMap<&str, u32> = fasthash::map(words.iter().map(Vec::len).sum());
-    for set in &words {
-        for w in set {
-            *df.entry(w.as_ref()).or_insert(0) += 1;
+    let weight: Vec<f64> = df
+        .iter()
+        .map(|&d| f64::from(d.max(1) - 1).ln_1p())
+        .collect();
+    let mut start = 0;
+    for (c, &end) in candidates.iter_mut().zip(&ends) {
+        let shared: f64 = ids[start..end]
+            .iter()
+            .map(|&id| weight.get(id as usize).copied().unwrap_or(0.0))
+            .sum();
+        start = end;
+        let n = c.text.split_whitespace().count() as f64;
+        let code = chunks(&c.text).filter(|(_, w)| chunk_is_anchor(w)).count() as f64;
+        let opening = if c.at.1 == 0 { 0.5 } else { 0.0 };
+        c.score = shared / (n + 1.0).sqrt() + code + opening;
+    }
+}
+
+/// A word in lower case: borrowed when it is in lower case already, so
+/// that the same words are compared and sorted without being copied.
+fn lowered(w: &str) -> Cow<'_, str> {
+    if w.is_ascii() && !w.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Borrowed(w)
+    } else {
+        Cow::Owned(w.to_lowercase())
+    }
+}
+
+/// Calls `f` with each word of `text` that salience counts: the maximal
+/// runs of word characters (letters, digits, `_`) of at least four
+/// characters, in order. An ASCII text is split byte by byte.
+fn salient_words<'t>(text: &'t str, mut f: impl FnMut(&'t str)) {
+    if !text.is_ascii() {
+        text.split(|ch: char| !is_word_char(ch))
+            .filter(|w| w.chars().count() >= 4)
+            .for_each(f);
+        return;
+    }
+    let b = text.as_bytes();
+    let mut start = 0;
+    for (i, &c) in b.iter().enumerate() {
+        if !(c.is_ascii_alphanumeric() || c == b'_') {
+            if i - start >= 4 {
+                f(&text[start..i]);
+            }
+            start = i + 1;
         }
     }
-    let scores: Vec<f64> = candidates
-        .iter()
-        .zip(&words)
-        .map(|(c, set)| {
-            let shared: f64 = set
-                .iter()
-                .map(|w| f64::from(df.get(w.as_ref()).copied().unwrap_or(1) - 1).ln_1p())
-                .sum();
-            let n = c.text.split_whitespace().count() as f64;
-            let code = chunks(&c.text).filter(|(_, w)| chunk_is_anchor(w)).count() as f64;
-            let opening = if c.at.1 == 0 { 0.5 } else { 0.0 };
-            shared / (n + 1.0).sqrt() + code + opening
-        })
-        .collect();
-    drop(df);
-    drop(words);
-    for (c, score) in candidates.iter_mut().zip(scores) {
-        c.score = score;
+    if b.len() - start >= 4 {
+        f(&text[start..]);
     }
 }
 
@@ -553,24 +589,41 @@ fn sentences(text: &str) -> impl Iterator<Item = String> + '_ {
             if rest.is_empty() {
                 return None;
             }
+            // The ends are ASCII, never inside another character: the
+            // bytes are scanned, and only the character after a `.`,
+            // `!` or `?` is decoded.
+            let bytes = rest.as_bytes();
             let mut end = rest.len();
-            let mut iter = rest.char_indices().peekable();
-            while let Some((i, c)) = iter.next() {
-                let next_space = iter.peek().is_none_or(|&(_, n)| n.is_whitespace());
-                if c == '\n' {
+            for (i, &c) in bytes.iter().enumerate() {
+                if c == b'\n' {
                     end = i;
                     break;
                 }
-                if matches!(c, '.' | '!' | '?') && next_space {
-                    end = i + c.len_utf8();
+                if matches!(c, b'.' | b'!' | b'?')
+                    && rest
+                        .get(i + 1..)
+                        .and_then(|after| after.chars().next())
+                        .is_none_or(char::is_whitespace)
+                {
+                    end = i + 1;
                     break;
                 }
             }
             let piece = &rest[..end];
             rest = rest[end..].trim_start_matches(['\n', ' ', '\t', '\r']);
-            let collapsed = piece.split_whitespace().collect::<Vec<_>>().join(" ");
-            if collapsed.split(' ').count() >= 2 {
-                return Some(cut_chars(&collapsed, MAX_SENTENCE_CHARS).to_string());
+            let mut collapsed = String::with_capacity(piece.len());
+            let mut words = 0usize;
+            for w in piece.split_whitespace() {
+                if words > 0 {
+                    collapsed.push(' ');
+                }
+                collapsed.push_str(w);
+                words += 1;
+            }
+            if words >= 2 {
+                let cut = cut_chars(&collapsed, MAX_SENTENCE_CHARS).len();
+                collapsed.truncate(cut);
+                return Some(collapsed);
             }
         }
     })
@@ -711,6 +764,154 @@ mod tests {
     fn sentences_split_and_collapse() {
         let got: Vec<String> = sentences("One two.  Three\n\nfour  five!six ok").collect();
         assert_eq!(got, ["One two.", "four five!six ok"]);
+    }
+
+    /// The scores as first written: a map of every sentence's words,
+    /// each weight computed where it is summed.
+    fn plain_scores(candidates: &[Candidate]) -> Vec<f64> {
+        let words: Vec<Vec<String>> = candidates
+            .iter()
+            .map(|c| {
+                let mut words: Vec<String> = c
+                    .text
+                    .split(|ch: char| !is_word_char(ch))
+                    .filter(|w| w.chars().count() >= 4)
+                    .map(str::to_lowercase)
+                    .collect();
+                words.sort_unstable();
+                words.dedup();
+                words
+            })
+            .collect();
+        let mut df: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        for set in &words {
+            for w in set {
+                *df.entry(w.as_str()).or_insert(0) += 1;
+            }
+        }
+        candidates
+            .iter()
+            .zip(&words)
+            .map(|(c, set)| {
+                let shared: f64 = set
+                    .iter()
+                    .map(|w| f64::from(df[w.as_str()] - 1).ln_1p())
+                    .sum();
+                let n = c.text.split_whitespace().count() as f64;
+                let code = chunks(&c.text).filter(|(_, w)| chunk_is_anchor(w)).count() as f64;
+                let opening = if c.at.1 == 0 { 0.5 } else { 0.0 };
+                shared / (n + 1.0).sqrt() + code + opening
+            })
+            .collect()
+    }
+
+    /// The sentences as first split: character by character, collapsed
+    /// through a list of words.
+    fn plain_sentences(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let mut end = rest.len();
+            let mut iter = rest.char_indices().peekable();
+            while let Some((i, c)) = iter.next() {
+                let next_space = iter.peek().is_none_or(|&(_, n)| n.is_whitespace());
+                if c == '\n' {
+                    end = i;
+                    break;
+                }
+                if matches!(c, '.' | '!' | '?') && next_space {
+                    end = i + c.len_utf8();
+                    break;
+                }
+            }
+            let piece = &rest[..end];
+            rest = rest[end..].trim_start_matches(['\n', ' ', '\t', '\r']);
+            let collapsed = piece.split_whitespace().collect::<Vec<_>>().join(" ");
+            if collapsed.split(' ').count() >= 2 {
+                out.push(cut_chars(&collapsed, MAX_SENTENCE_CHARS).to_string());
+            }
+        }
+        out
+    }
+
+    /// Random texts of words, code, punctuation, odd white space and
+    /// non-ASCII letters.
+    fn random_text(rng: &mut crate::testing::Rng) -> String {
+        const PIECES: &[&str] = &[
+            "Deploy",
+            "deploy",
+            "the",
+            "STAGING",
+            "cluster",
+            "src/main.rs",
+            "error[E0308]:",
+            "Grüße",
+            "ÉTAT",
+            "straße",
+            "naïve",
+            "x",
+            "ok",
+            "retry_policy",
+            "42",
+            "512 MiB",
+            ".",
+            "!",
+            "?",
+            ". ",
+            "! ",
+            "? ",
+            "\n",
+            "\n\n",
+            "\t",
+            "\r",
+            "\u{a0}",
+            "\u{3000}",
+            "  ",
+            "é.",
+            "a.b",
+            "v1.2.3",
+            "`cargo test`",
+            "over-long",
+            "İstanbul",
+            "ΣΑΣ",
+        ];
+        let n = rng.index(40);
+        let mut t = String::new();
+        for _ in 0..n {
+            t.push_str(PIECES[rng.index(PIECES.len())]);
+            if rng.below(3) != 0 {
+                t.push(' ');
+            }
+        }
+        if rng.below(10) == 0 {
+            t.push_str(&"long words repeat ".repeat(30));
+        }
+        t
+    }
+
+    #[test]
+    fn sentences_and_scores_are_those_first_computed() {
+        let mut rng = crate::testing::Rng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..400 {
+            let texts: Vec<String> = (0..rng.index(12)).map(|_| random_text(&mut rng)).collect();
+            let mut candidates = Vec::new();
+            for (si, t) in texts.iter().enumerate() {
+                let got: Vec<String> = sentences(t).collect();
+                assert_eq!(got, plain_sentences(t), "round {round}: {t:?}");
+                for (k, text) in got.into_iter().enumerate() {
+                    candidates.push(Candidate {
+                        text,
+                        at: (si, k),
+                        score: 0.0,
+                    });
+                }
+            }
+            let want = plain_scores(&candidates);
+            score_sentences(&mut candidates);
+            let got: Vec<u64> = candidates.iter().map(|c| c.score.to_bits()).collect();
+            let want: Vec<u64> = want.iter().map(|s| s.to_bits()).collect();
+            assert_eq!(got, want, "round {round}");
+        }
     }
 
     #[test]

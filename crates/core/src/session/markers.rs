@@ -3,7 +3,7 @@
 //! records.
 
 use super::{Change, Rejection, Session, SessionRecord, Totals, first_indices, t32};
-use crate::fasthash::FastSet;
+use crate::fasthash::{self, FastSet};
 use crate::marker::{CompactionTrigger, Marker, Outcome};
 use crate::plan::{Plan, Sizes, Violation};
 use crate::span::{Span, SpanId};
@@ -65,13 +65,13 @@ impl Session {
         record.marker_count += 1;
         record.last_compaction_turn = record.turns;
         record.last_compaction_ms = now_ms;
-        let pinned_total = self.spans.iter().filter(|s| s.is_pinned()).count() as u64;
+        let (pinned_total, tier_evicted) = self.pinned_and_tier_evicted(plan);
         let marker = Marker {
             tokens_after: t32(compacted.live_tokens),
             incoming_tokens: t32(plan.incoming_tokens),
             pinned_tokens: t32(compacted.pinned_tokens),
             evicted: plan.evicted.iter().map(|e| e.span_id).collect(),
-            tier_evicted: self.tier_evicted(plan),
+            tier_evicted,
             compressed: plan.compressed.iter().map(|f| f.span_id).collect(),
             summary_span_id: summary.as_ref().map(|s| s.id),
             summary_generation: summary.as_ref().map_or(0, |s| s.generation),
@@ -180,22 +180,28 @@ impl Session {
         }
     }
 
-    /// The spans of the standing-instructions tier that `plan` evicts, in
-    /// prompt order.
-    fn tier_evicted(&self, plan: &Plan) -> Vec<SpanId> {
-        let tier: FastSet<SpanId> = self
-            .spans
-            .iter()
-            .filter(|s| s.is_protected())
-            .map(|s| s.id)
-            .collect();
-        if tier.is_empty() {
-            return Vec::new();
+    /// How many live spans are constraints, and the spans of the
+    /// standing-instructions tier that `plan` evicts, in prompt order: both
+    /// found in one pass over the live spans.
+    fn pinned_and_tier_evicted(&self, plan: &Plan) -> (u64, Vec<SpanId>) {
+        let mut pinned = 0u64;
+        let mut tier: FastSet<SpanId> = fasthash::set(0);
+        for s in &self.spans {
+            if s.is_pinned() {
+                pinned += 1;
+            } else if s.is_protected() {
+                tier.insert(s.id);
+            }
         }
-        plan.evicted
+        if tier.is_empty() {
+            return (pinned, Vec::new());
+        }
+        let evicted = plan
+            .evicted
             .iter()
             .map(|e| e.span_id)
             .filter(|id| tier.contains(id))
-            .collect()
+            .collect();
+        (pinned, evicted)
     }
 }

@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 
 use crate::config::SessionConfig;
 use crate::facts::LiveFacts;
-use crate::fasthash::{self, FastMap, FastSet};
+use crate::fasthash::{self, FastMap, IdSet};
 use crate::marker::Marker;
 use crate::plan::Sizes;
 use crate::relevance;
@@ -178,13 +178,8 @@ impl Session {
         let spans_before = self.spans.len();
         let mut facts = self.facts.get_mut().filter(|f| f.len() == spans_before);
         if !change.evict.is_empty() {
-            let mut evicted: FastSet<SpanId> = fasthash::set(change.evict.len());
-            evicted.extend(change.evict.iter().copied());
-            let keep: Vec<bool> = self
-                .spans
-                .iter()
-                .map(|s| !evicted.contains(&s.id))
-                .collect();
+            let evicted = IdSet::of(&change.evict);
+            let keep: Vec<bool> = self.spans.iter().map(|s| !evicted.contains(s.id)).collect();
             let mut k = 0;
             self.spans.retain(|_| {
                 k += 1;

@@ -4,7 +4,6 @@
 use super::Report;
 use crate::config::SessionConfig;
 use crate::plan::{Plan, ViolationKind};
-use crate::span::Span;
 
 /// Post + incoming within the budget.
 pub(super) fn check_budget(
@@ -32,11 +31,10 @@ pub(super) fn check_budget(
 pub(super) fn check_account(
     v: &mut Report,
     plan: &Plan,
-    pre: &[Span],
+    pre_tokens: u64,
     post_tokens: u64,
     incoming_tokens: u64,
 ) {
-    let pre_tokens: u64 = pre.iter().map(|s| u64::from(s.tokens)).sum();
     if plan.tokens_before != pre_tokens {
         v.push(
             ViolationKind::PlanInconsistent,

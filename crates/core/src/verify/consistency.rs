@@ -3,6 +3,8 @@
 //! tokens they claim, and a post-state that is exactly what the plan makes
 //! of the pre-state, in prompt order.
 
+use std::cell::Cell;
+
 use super::index::PreIndex;
 use super::{Pre, Report};
 use crate::fasthash::{self, FastMap};
@@ -167,33 +169,36 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
     let summary = plan.summary.as_ref().map(|s| (s.position, s.id));
     // Pre is in prompt order, so the kept entries are sorted: the summary's
     // entry then goes before the first one above it, read in one walk
-    // beside post, with nothing copied. Otherwise they are sorted first
-    // (the same list either way, as the entries are totally ordered).
-    let mut previous = None;
-    let sorted = kept().all(|e| {
-        let ascending = previous.is_none_or(|p| p < e);
-        previous = Some(e);
-        ascending
-    });
-    let expected: Vec<(u64, SpanId)> = if sorted {
-        Vec::new()
-    } else {
-        let mut all: Vec<(u64, SpanId)> = kept().chain(summary).collect();
-        all.sort_unstable();
-        all
+    // beside post, with nothing copied; the same walk finds whether they
+    // are sorted indeed. Otherwise they are sorted first and compared
+    // again (the same list either way, as the entries are totally
+    // ordered).
+    let sorted = Cell::new(true);
+    let ascending = &sorted;
+    let checked = || {
+        let mut previous = None;
+        kept().inspect(move |&e| {
+            if previous.is_some_and(|p| p >= e) {
+                ascending.set(false);
+            }
+            previous = Some(e);
+        })
     };
     let merged = || {
         let mut rest = summary;
-        let mut kept = kept().peekable();
+        let mut kept = checked().peekable();
         std::iter::from_fn(move || match (rest, kept.peek()) {
             (Some(m), Some(&e)) if m < e => rest.take(),
             (Some(_), None) => rest.take(),
             _ => kept.next(),
         })
     };
-    let (expected_len, differs_at, expected_id) = if sorted {
-        first_difference(merged, post)
+    let walked = first_difference(merged, post);
+    let (expected_len, differs_at, expected_id) = if sorted.get() {
+        walked
     } else {
+        let mut expected: Vec<(u64, SpanId)> = kept().chain(summary).collect();
+        expected.sort_unstable();
         first_difference(|| expected.iter().copied(), post)
     };
     if let Some(at) = differs_at {

@@ -35,7 +35,10 @@ pub(super) fn check_compression_timing(v: &mut Report, plan: &Plan, post: &[&Spa
 /// Every pinned constraint of pre is in post, as a constraint; `state`
 /// says, per pre span, whether post holds it and as what.
 pub(super) fn check_pinned_retained(v: &mut Report, pre: &Pre<'_>, state: &[u8]) {
-    for (i, s) in pre.spans.iter().enumerate().filter(|(_, s)| s.is_pinned()) {
+    for &i in &pre.index.pinned {
+        let Some(s) = pre.spans.get(i) else {
+            continue;
+        };
         let detail = if pre.is_evicted[i] {
             Some(format!("constraint {} is evicted by the plan", s.id))
         } else {

@@ -6,18 +6,33 @@ use crate::span::{Span, SpanId};
 /// Where each id of the pre-state stands: the ids sorted with their
 /// indices, by a stable sort, which costs one pass over the few increasing
 /// runs a live context's ids form. A repeated id answers with its last
-/// index.
+/// index. The pass that reads the ids also totals the tokens and lists
+/// the constraints, which other checks read instead of walking pre again.
 pub(super) struct PreIndex {
     by_id: Vec<(SpanId, usize)>,
     /// The indices of every span whose id an earlier span has, in prompt
     /// order.
     pub(super) repeated: Vec<usize>,
+    /// The tokens of every span of pre.
+    pub(super) tokens: u64,
+    /// The indices of the constraints of pre, in prompt order.
+    pub(super) pinned: Vec<usize>,
 }
 
 impl PreIndex {
     pub(super) fn new(pre: &[Span]) -> PreIndex {
-        let mut by_id: Vec<(SpanId, usize)> =
-            pre.iter().enumerate().map(|(i, s)| (s.id, i)).collect();
+        // One pass over pre gathers what the checks read of every span:
+        // ids, tokens, and which spans are constraints.
+        let mut by_id: Vec<(SpanId, usize)> = Vec::with_capacity(pre.len());
+        let mut tokens: u64 = 0;
+        let mut pinned: Vec<usize> = Vec::new();
+        for (i, s) in pre.iter().enumerate() {
+            by_id.push((s.id, i));
+            tokens += u64::from(s.tokens);
+            if s.is_pinned() {
+                pinned.push(i);
+            }
+        }
         by_id.sort_by_key(|&(id, _)| id);
         let mut repeated: Vec<usize> = by_id
             .windows(2)
@@ -25,7 +40,12 @@ impl PreIndex {
             .map(|w| w[1].1)
             .collect();
         repeated.sort_unstable();
-        PreIndex { by_id, repeated }
+        PreIndex {
+            by_id,
+            repeated,
+            tokens,
+            pinned,
+        }
     }
 
     /// The index of `id` in pre.

@@ -97,7 +97,7 @@ pub(crate) fn verify_refs(
         kept::count_post(&mut v, &pre, plan, post, &forms, summary_tokens, counter);
     constraints::check_pinned_retained(&mut v, &pre, &state);
     budget::check_budget(&mut v, post_tokens, incoming_tokens, config);
-    budget::check_account(&mut v, plan, pre.spans, post_tokens, incoming_tokens);
+    budget::check_account(&mut v, plan, pre.index.tokens, post_tokens, incoming_tokens);
     Verdict {
         violations: v.violations,
     }
