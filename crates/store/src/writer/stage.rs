@@ -154,6 +154,26 @@ fn put_session(stage: &mut Stage<'_>, record: &SessionRecord) {
     stage.put(TreeId::Sessions, key, value);
 }
 
+/// Refuses a record whose first free span id is below the stored one:
+/// every stored span id stays below it (the repair of a torn append
+/// relies on that).
+fn check_next_span_id(
+    session: &str,
+    stored: &SessionRecord,
+    record: &SessionRecord,
+) -> Result<(), StoreError> {
+    if record.next_span_id < stored.next_span_id {
+        return Err(invalid(
+            session,
+            format!(
+                "next_span_id would move back from {} to {}",
+                stored.next_span_id, record.next_span_id
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Writes a constraint's pin, or removes the pin of a span that is no
 /// longer a constraint.
 fn sync_pin(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), StoreError> {
@@ -315,17 +335,7 @@ pub(super) fn apply(
             keys::check_session_id(&record.id)?;
             let stored = load_session(stage, &record.id)?;
             check_revision(&record.id, expected_revision, &stored)?;
-            if record.next_span_id < stored.next_span_id {
-                // Every stored span id is below it (the repair of a torn
-                // append relies on that).
-                return Err(invalid(
-                    &record.id,
-                    format!(
-                        "next_span_id would move back from {} to {}",
-                        stored.next_span_id, record.next_span_id
-                    ),
-                ));
-            }
+            check_next_span_id(&record.id, &stored, &record)?;
             put_session(stage, &record);
             Ok(WriteAck::default())
         }
@@ -382,15 +392,7 @@ fn write_change(
     keys::check_session_id(session)?;
     let stored = load_session(stage, session)?;
     check_revision(session, expected_revision, &stored)?;
-    if record.next_span_id < stored.next_span_id {
-        return Err(invalid(
-            session,
-            format!(
-                "next_span_id would move back from {} to {}",
-                stored.next_span_id, record.next_span_id
-            ),
-        ));
-    }
+    check_next_span_id(session, &stored, &record)?;
     match &marker {
         // A rewrite in place and an admission stand alone; anything more
         // is a compaction, which needs its marker.
