@@ -30,10 +30,6 @@ use crate::relevance::{self, for_each_counted_word};
 use crate::span::{Span, SpanId};
 use crate::text::{OwedAnchors, anchor_ranges, required_anchors};
 
-/// How many spans ahead [`LiveFacts::similarity`] reads a span's words
-/// before it scores them.
-const READ_AHEAD: usize = 8;
-
 /// What is derived once from one live span.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct SpanFacts {
@@ -387,16 +383,7 @@ impl LiveFacts {
             return raw;
         }
         let avg = (self.total_words as f64 / count).max(1.0);
-        // Each span's words are an allocation of their own, wherever the
-        // heap put it: the first word of the span a few places ahead is
-        // read early, so that its memory is on the way while this span is
-        // scored rather than waited for when its turn comes.
-        let mut ahead = self.spans.iter().skip(READ_AHEAD);
-        let mut touched = 0u32;
         for (score, f) in raw.iter_mut().zip(&self.spans) {
-            if let Some(next) = ahead.next() {
-                touched ^= next.data.first().map_or(0, |&(id, _)| id);
-            }
             let mut norm = None;
             for &(id, tf) in f.terms() {
                 let q = query.get(id as usize).copied().unwrap_or(NONE);
@@ -407,7 +394,6 @@ impl LiveFacts {
                 *score += relevance::term_weight(idf[q as usize], tf, norm);
             }
         }
-        std::hint::black_box(touched);
         relevance::normalise(&mut raw);
         raw
     }
