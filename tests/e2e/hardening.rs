@@ -52,11 +52,17 @@ async fn answers(addr: SocketAddr) -> bool {
 }
 
 /// Silent clients count against `n` closes: each must be closed, none
-/// before `at_least`, all within `within` of the start.
-async fn all_closed(streams: Vec<TcpStream>, at_least: Duration, within: Duration) {
+/// less than `at_least` after `since` (taken before the first of them
+/// connected, so every server-side deadline started after it), all
+/// within `within`.
+async fn all_closed(streams: Vec<TcpStream>, since: Instant, at_least: Duration, within: Duration) {
     let tasks: Vec<_> = streams
         .into_iter()
-        .map(|stream| tokio::spawn(closed_within(stream, within)))
+        .map(|stream| {
+            tokio::spawn(
+                async move { closed_within(stream, within).await.map(|_| since.elapsed()) },
+            )
+        })
         .collect();
     let mut earliest = Duration::MAX;
     for task in tasks {
@@ -73,10 +79,17 @@ async fn all_closed(streams: Vec<TcpStream>, at_least: Duration, within: Duratio
 async fn a_thousand_connections_that_never_speak_are_closed_at_the_handshake_deadline() {
     raise_fd_limit();
     let daemon = InProcess::start(&["--handshake-timeout-ms", "1500"]).await;
+    let since = Instant::now();
     let silent = connect_many(daemon.addr, 1000).await;
     // Served meanwhile.
     assert!(answers(daemon.addr).await);
-    all_closed(silent, Duration::from_millis(1000), Duration::from_secs(20)).await;
+    all_closed(
+        silent,
+        since,
+        Duration::from_millis(1000),
+        Duration::from_secs(20),
+    )
+    .await;
     assert!(answers(daemon.addr).await);
 
     // TLS: a handshake never started, and one left half-done, are closed too.
@@ -91,13 +104,20 @@ async fn a_thousand_connections_that_never_speak_are_closed_at_the_handshake_dea
         "1500",
     ])
     .await;
+    let since = Instant::now();
     let mut silent = connect_many(daemon.addr, 100).await;
     // A ClientHello's record header and nothing more.
     silent[0]
         .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
         .await
         .unwrap();
-    all_closed(silent, Duration::from_millis(1000), Duration::from_secs(20)).await;
+    all_closed(
+        silent,
+        since,
+        Duration::from_millis(1000),
+        Duration::from_secs(20),
+    )
+    .await;
     crate::inproc::tls_call(daemon.addr, &ca.pem, None)
         .await
         .unwrap();
