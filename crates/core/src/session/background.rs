@@ -190,6 +190,7 @@ impl Session {
                 actor: "",
                 detail,
                 turn: None,
+                rows: None,
             },
             now_ms,
         ))

@@ -265,6 +265,7 @@ impl Session {
                 actor: &edits.actor,
                 detail,
                 turn: None,
+                rows: None,
             },
             now_ms,
         ))
