@@ -13,7 +13,7 @@
 //! Those sizes are only computed when the plain ones do not fit.
 
 use crate::config::SessionConfig;
-use crate::facts::LiveFacts;
+use crate::facts::{LiveFacts, LiveRow};
 use crate::plan::{Plan, Sizes, Verdict, Violation, ViolationKind};
 use crate::planner::{PlanInput, apply_refs, compressed_pinned_tokens, made_spans, plan_described};
 use crate::span::{
@@ -103,6 +103,11 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
 /// the size of the turn, not of the live context; one that keeps the live
 /// spans' facts gives a way to them as `facts`, called only when a
 /// compaction is planned, which then reads them instead of the live text.
+/// `facts` must give only facts that describe `input.live` (see
+/// [`LiveFacts::describes`]), as [`Session::facts`] does: they are not
+/// checked again.
+///
+/// [`Session::facts`]: crate::session::Session::facts
 pub(crate) fn decide_with<'f, T>(
     input: &AdmissionInput<'_>,
     live_totals: Option<(u64, u64)>,
@@ -179,10 +184,11 @@ pub(crate) fn decide_with<'f, T>(
         now_ms: input.now_ms,
         target_tokens: None,
     };
-    let facts = facts().filter(|f| f.describes(input.live));
+    let facts = facts();
     let plan = plan_described(&plan_input, facts, counter);
     let made = made_spans(input.live, &plan);
-    let post = apply_refs(input.live, &plan, &made);
+    let rows = LiveRow::of_spans(facts, input.live);
+    let post = apply_refs(input.live, &rows, &plan, &made);
     let verdict = verify_refs(input.live, facts, &plan, &post, incoming, config, counter);
     if verdict.passed() {
         Decision::Compact(compact(plan, &post, verdict))

@@ -53,7 +53,7 @@
 //! constraint and one sort.
 
 use crate::config::SessionConfig;
-use crate::facts::LiveFacts;
+use crate::facts::{LiveFacts, LiveRow};
 use crate::fasthash::{self, FastMap, IdSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
@@ -197,6 +197,10 @@ pub(crate) fn plan_described(
         Some(f) => score_with(live, f, input.query, input.turn, &config.relevance),
         None => score(live, input.query, input.turn, &config.relevance),
     };
+    // What the passes below read of every live span, kept by the session
+    // beside the spans or copied here.
+    let rows = LiveRow::of_spans(facts, live);
+    let rows = &rows[..];
     let floor = config.relevance_floor;
     // Relevance is in [0, 1], so its bits order like its value: order plain
     // integer keys (relevance, position) of narrative and summaries rather
@@ -209,7 +213,7 @@ pub(crate) fn plan_described(
     let mut below_floor = 0;
     let mut before: u64 = 0;
     let mut key_tokens: u64 = 0;
-    for (i, s) in live.iter().enumerate() {
+    for (i, s) in rows.iter().enumerate() {
         before += u64::from(s.tokens);
         if s.is_protected() {
             tier.push(i);
@@ -219,7 +223,7 @@ pub(crate) fn plan_described(
             key_tokens += u64::from(s.tokens);
         }
     }
-    let over_cap = tier_overflow(live, &tier, protected_cap_tokens(config));
+    let over_cap = tier_overflow(rows, &tier, protected_cap_tokens(config));
     // About how many keys the plan will read: those that free what the
     // live context and the turn exceed the target by, at the keys'
     // average size, and a quarter more. Sorting that many at once spares
@@ -264,9 +268,14 @@ pub(crate) fn plan_described(
         while prefix.len() <= k {
             let i = order.get(prefix.len() - 1);
             let last = prefix.last().copied().unwrap_or(0);
-            prefix.push(last + u64::from(live[i].tokens));
+            prefix.push(last + u64::from(rows[i].tokens));
             let last = carried.last().copied().unwrap_or(0);
-            carried.push(last + carried_anchor_tokens(&live[i], counter));
+            let anchors = if rows[i].summarises {
+                carried_anchor_tokens(&live[i], counter)
+            } else {
+                0
+            };
+            carried.push(last + anchors);
         }
         (prefix[k], carried[k])
     };
@@ -301,7 +310,7 @@ pub(crate) fn plan_described(
 
     let mut chosen: Vec<(usize, EvictionReason)> =
         (0..count).map(|k| (order.get(k), reason_at(k))).collect();
-    chosen.sort_unstable_by_key(|&(i, _)| live[i].position);
+    chosen.sort_unstable_by_key(|&(i, _)| rows[i].position);
     let mut kept = before - evicted_tokens;
 
     let mut compressed = Vec::new();
@@ -322,10 +331,10 @@ pub(crate) fn plan_described(
     let evictions: Vec<Eviction> = chosen
         .iter()
         .map(|&(i, reason)| Eviction {
-            span_id: live[i].id,
+            span_id: rows[i].id,
             relevance: relevance[i],
             reason,
-            tokens: live[i].tokens,
+            tokens: rows[i].tokens,
         })
         .collect();
 
@@ -463,11 +472,11 @@ pub fn protected_cap_tokens(config: &SessionConfig) -> u64 {
 
 /// How many of the tier's oldest spans must go for the rest to fit under
 /// `cap` tokens.
-fn tier_overflow(live: &[Span], tier: &[usize], cap: u64) -> usize {
-    let mut held: u64 = tier.iter().map(|&i| u64::from(live[i].tokens)).sum();
+fn tier_overflow(rows: &[LiveRow], tier: &[usize], cap: u64) -> usize {
+    let mut held: u64 = tier.iter().map(|&i| u64::from(rows[i].tokens)).sum();
     let mut k = 0;
     while held > cap && k < tier.len() {
-        held -= u64::from(live[tier[k]].tokens);
+        held -= u64::from(rows[tier[k]].tokens);
         k += 1;
     }
     k
@@ -609,7 +618,11 @@ fn write_summary_owing(
 /// summary inserted at its position, in prompt order.
 pub fn apply(pre: &[Span], plan: &Plan) -> Vec<Span> {
     let made = made_spans(pre, plan);
-    apply_refs(pre, plan, &made).into_iter().cloned().collect()
+    let rows: Vec<LiveRow> = pre.iter().map(LiveRow::of).collect();
+    apply_refs(pre, &rows, plan, &made)
+        .into_iter()
+        .cloned()
+        .collect()
 }
 
 /// The spans a plan writes: each compressed constraint it keeps, in its
@@ -644,8 +657,15 @@ fn evicted_ids(plan: &Plan) -> IdSet {
 
 /// [`apply`] without copying the spans it keeps: the post-state as
 /// references into `pre` and into `made` (from [`made_spans`] of the same
-/// `pre` and `plan`), in the same order as [`apply`] returns them.
-pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> Vec<&'a Span> {
+/// `pre` and `plan`), in the same order as [`apply`] returns them. `rows`
+/// are the rows of `pre` ([`LiveRow::of_spans`]), which the walk over pre
+/// reads instead of the spans.
+pub(crate) fn apply_refs<'a>(
+    pre: &'a [Span],
+    rows: &[LiveRow],
+    plan: &Plan,
+    made: &'a [Span],
+) -> Vec<&'a Span> {
     let evicted = evicted_ids(plan);
     let summary = plan.summary.as_ref().and(made.last());
     let mut forms = made[..made.len() - usize::from(summary.is_some())].iter();
@@ -660,23 +680,23 @@ pub(crate) fn apply_refs<'a>(pre: &'a [Span], plan: &Plan, made: &'a [Span]) -> 
     let mut in_order = true;
     let mut last_position = None;
     let mut pending = summary;
-    for s in pre {
-        if !evicted.is_empty() && evicted.contains(s.id) {
+    for (s, row) in pre.iter().zip(rows) {
+        if !evicted.is_empty() && evicted.contains(row.id) {
             continue;
         }
-        let kept = if compressing
-            && forms.as_slice().first().is_some_and(|f| f.id == s.id)
+        let (kept, position) = if compressing
+            && forms.as_slice().first().is_some_and(|f| f.id == row.id)
             && let Some(form) = forms.next()
         {
-            form
+            (form, form.position)
         } else {
-            s
+            (s, row.position)
         };
-        if last_position.is_some_and(|p| p > kept.position) {
+        if last_position.is_some_and(|p| p > position) {
             in_order = false;
         }
-        last_position = Some(kept.position);
-        if in_order && let Some(summary) = pending.filter(|m| kept.position > m.position) {
+        last_position = Some(position);
+        if in_order && let Some(summary) = pending.filter(|m| position > m.position) {
             post.push(summary);
             pending = None;
         }

@@ -90,7 +90,12 @@ pub fn score(
     current_turn: u64,
     weights: &RelevanceWeights,
 ) -> Vec<f64> {
-    blend(spans, similarity(spans, query), current_turn, weights)
+    blend(
+        spans.iter().map(|s| (s.turn, s.tokens, s.relevance_hint)),
+        similarity(spans, query),
+        current_turn,
+        weights,
+    )
 }
 
 /// [`score`] of a session's live context from what the session keeps of
@@ -103,17 +108,19 @@ pub(crate) fn score_with(
     current_turn: u64,
     weights: &RelevanceWeights,
 ) -> Vec<f64> {
+    // The rows hold what the blend reads of each span.
     blend(
-        spans,
+        facts.rows().iter().map(|r| (r.turn, r.tokens, r.hint())),
         facts.similarity(spans.len(), &query_terms(query)),
         current_turn,
         weights,
     )
 }
 
-/// Each span's score from its similarity, as the formula blends it.
+/// Each span's score from its similarity, as the formula blends it, given
+/// each span's turn, tokens and hint in order.
 fn blend(
-    spans: &[Span],
+    spans: impl Iterator<Item = (u64, u32, Option<f64>)>,
     similarity: Vec<f64>,
     current_turn: u64,
     weights: &RelevanceWeights,
@@ -142,10 +149,10 @@ fn blend(
     // Each similarity becomes its span's score where it stands.
     let mut scores = similarity;
     let mut last_old: Option<(u64, f64)> = None;
-    for (span, slot) in spans.iter().zip(scores.iter_mut()) {
+    for ((turn, tokens, hint), slot) in spans.zip(scores.iter_mut()) {
         let s = *slot;
         *slot = {
-            let age = current_turn.saturating_sub(span.turn);
+            let age = current_turn.saturating_sub(turn);
             // Spans of one turn stand together: an older age than the
             // memo holds is computed once per run of them.
             let r = match usize::try_from(age).ok().and_then(|a| recency_memo.get(a)) {
@@ -160,15 +167,15 @@ fn blend(
                 },
             };
             let l = length_memo
-                .get(span.tokens as usize)
+                .get(tokens as usize)
                 .copied()
-                .unwrap_or_else(|| length(span.tokens));
+                .unwrap_or_else(|| length(tokens));
             let base = if total > 0.0 {
                 (w_r * r + w_s * s + w_l * l) / total
             } else {
                 0.0
             };
-            let blended = match span.relevance_hint.filter(|h| h.is_finite()) {
+            let blended = match hint.filter(|h| h.is_finite()) {
                 Some(h) => (1.0 - w_h) * base + w_h * h.clamp(0.0, 1.0),
                 None => base,
             };

@@ -2,10 +2,13 @@
 //! session's mode), given ids, and admitted as they are or with the
 //! compaction admission decided they need.
 
+use std::cell::Cell;
+
 use super::markers::Committing;
 use super::{Change, Rejection, Session, Totals};
 use crate::admission::{self, AdmissionInput, Decision};
 use crate::config::{ClassifierMode, SessionConfig, SessionMode};
+use crate::facts::{LiveFacts, LiveRow};
 use crate::marker::CompactionTrigger;
 use crate::plan::Plan;
 use crate::predicate;
@@ -96,7 +99,10 @@ impl Session {
         let needs_approval =
             config.mode == SessionMode::Approval || self.record.approval_required || unclassified;
         // The change is made from the verified plan and the kept spans
-        // where they stand: no copy of the live context is made.
+        // where they stand: no copy of the live context is made. The facts
+        // the plan read, checked against the spans, give the change the
+        // rows of the live spans.
+        let checked: Cell<Option<&LiveFacts>> = Cell::new(None);
         let decision = admission::decide_with(
             &AdmissionInput {
                 config,
@@ -107,11 +113,15 @@ impl Session {
                 now_ms,
             },
             Some((self.record.live_tokens, self.record.pinned_tokens)),
-            || self.facts(),
+            || {
+                checked.set(self.facts());
+                checked.get()
+            },
             counter,
             |plan, post, _verdict| {
                 (!needs_approval).then(|| {
-                    self.compacted_admission(&plan, post, spans.clone(), unclassified, now_ms)
+                    let rows = checked.get().map(LiveFacts::rows);
+                    self.compacted_admission(&plan, post, rows, spans.clone(), unclassified, now_ms)
                 })
             },
         );
@@ -152,6 +162,7 @@ impl Session {
         &self,
         plan: &Plan,
         post: &[&Span],
+        rows: Option<&[LiveRow]>,
         turn: Vec<Span>,
         unclassified: bool,
         now_ms: u64,
@@ -172,6 +183,7 @@ impl Session {
                 actor: "",
                 detail,
                 turn: Some(turn),
+                rows,
             },
             now_ms,
         );

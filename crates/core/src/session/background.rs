@@ -4,6 +4,7 @@
 
 use super::markers::Committing;
 use super::{Change, Session};
+use crate::facts::LiveRow;
 use crate::marker::CompactionTrigger;
 use crate::plan::{Eviction, EvictionReason, Plan};
 use crate::planner::{self, PlanInput, SummaryRoom, SummarySlot};
@@ -166,7 +167,8 @@ impl Session {
             return None;
         }
         let made = planner::made_spans(&self.spans, &plan);
-        let post = planner::apply_refs(&self.spans, &plan, &made);
+        let rows = LiveRow::of_spans(None, &self.spans);
+        let post = planner::apply_refs(&self.spans, &rows, &plan, &made);
         if !verify_refs(
             &self.spans,
             self.facts(),
@@ -188,6 +190,7 @@ impl Session {
                 actor: "",
                 detail,
                 turn: None,
+                rows: None,
             },
             now_ms,
         ))

@@ -5,6 +5,7 @@
 use super::markers::Committing;
 use super::{Change, Rejection, Session};
 use crate::config::AnchorPolicy;
+use crate::facts::LiveRow;
 use crate::marker::CompactionTrigger;
 use crate::plan::{CompressedForm, Plan, Verdict, Violation, ViolationKind};
 use crate::planner::{self, PlanInput};
@@ -127,7 +128,8 @@ impl Session {
         };
         let plan = self.manual_plan(&plan_id, now_ms, counter);
         let made = planner::made_spans(&self.spans, &plan);
-        let post = planner::apply_refs(&self.spans, &plan, &made);
+        let rows = LiveRow::of_spans(None, &self.spans);
+        let post = planner::apply_refs(&self.spans, &rows, &plan, &made);
         let verdict = verify_refs(
             &self.spans,
             self.facts(),
@@ -218,7 +220,8 @@ impl Session {
         plan.compressed
             .sort_by_key(|f| (position(f.span_id), f.span_id));
         let made = planner::made_spans(&self.spans, &plan);
-        let post = planner::apply_refs(&self.spans, &plan, &made);
+        let rows = LiveRow::of_spans(None, &self.spans);
+        let post = planner::apply_refs(&self.spans, &rows, &plan, &made);
         plan.tokens_after = post.iter().map(|s| u64::from(s.tokens)).sum();
         let verdict = verify_refs(
             &self.spans,
@@ -262,6 +265,7 @@ impl Session {
                 actor: &edits.actor,
                 detail,
                 turn: None,
+                rows: None,
             },
             now_ms,
         ))

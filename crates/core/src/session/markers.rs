@@ -3,10 +3,11 @@
 //! records.
 
 use super::{Change, Rejection, Session, SessionRecord, Totals, first_indices, t32};
+use crate::facts::LiveRow;
 use crate::fasthash::{self, FastSet};
 use crate::marker::{CompactionTrigger, Marker, Outcome};
 use crate::plan::{Plan, Sizes, Violation};
-use crate::span::{Span, SpanId};
+use crate::span::{Span, SpanClass, SpanId};
 
 /// What a compaction is committed for, for its record and marker.
 pub(super) struct Committing<'a> {
@@ -15,6 +16,9 @@ pub(super) struct Committing<'a> {
     pub(super) detail: String,
     /// The turn admitted with the compaction, if any.
     pub(super) turn: Option<Vec<Span>>,
+    /// The rows of the live spans (see [`LiveRow`]), when the caller holds
+    /// facts it checked against them: read instead of the spans.
+    pub(super) rows: Option<&'a [LiveRow]>,
 }
 
 impl Session {
@@ -27,7 +31,10 @@ impl Session {
         committing: Committing<'_>,
         now_ms: u64,
     ) -> Change {
-        let compacted = Totals::of(post.iter().copied());
+        let compacted = match committing.rows {
+            Some(rows) => Totals::of_post(&self.spans, rows, post),
+            None => Totals::of(post.iter().copied()),
+        };
         let replace: Vec<Span> = if plan.compressed.is_empty() {
             Vec::new()
         } else {
@@ -65,7 +72,7 @@ impl Session {
         record.marker_count += 1;
         record.last_compaction_turn = record.turns;
         record.last_compaction_ms = now_ms;
-        let (pinned_total, tier_evicted) = self.pinned_and_tier_evicted(plan);
+        let (pinned_total, tier_evicted) = self.pinned_and_tier_evicted(plan, committing.rows);
         let marker = Marker {
             tokens_after: t32(compacted.live_tokens),
             incoming_tokens: t32(plan.incoming_tokens),
@@ -183,15 +190,20 @@ impl Session {
     /// How many live spans are constraints, and the spans of the
     /// standing-instructions tier that `plan` evicts, in prompt order: both
     /// found in one pass over the live spans.
-    fn pinned_and_tier_evicted(&self, plan: &Plan) -> (u64, Vec<SpanId>) {
+    /// `rows`, when given, are the rows of the live spans, read instead.
+    fn pinned_and_tier_evicted(&self, plan: &Plan, rows: Option<&[LiveRow]>) -> (u64, Vec<SpanId>) {
         let mut pinned = 0u64;
         let mut tier: FastSet<SpanId> = fasthash::set(0);
-        for s in &self.spans {
-            if s.is_pinned() {
-                pinned += 1;
-            } else if s.is_protected() {
-                tier.insert(s.id);
+        let mut count = |class: SpanClass, id: SpanId| match class {
+            SpanClass::Constraint => pinned += 1,
+            SpanClass::Protected => {
+                tier.insert(id);
             }
+            _ => {}
+        };
+        match rows {
+            Some(rows) => rows.iter().for_each(|r| count(r.class, r.id)),
+            None => self.spans.iter().for_each(|s| count(s.class(), s.id)),
         }
         if tier.is_empty() {
             return (pinned, Vec::new());

@@ -23,7 +23,7 @@ pub use manual::{CallerEdits, PlanId, PlanOutcome};
 use std::sync::OnceLock;
 
 use crate::config::SessionConfig;
-use crate::facts::LiveFacts;
+use crate::facts::{LiveFacts, LiveRow};
 use crate::fasthash::{self, FastMap, IdSet};
 use crate::marker::Marker;
 use crate::plan::Sizes;
@@ -90,6 +90,31 @@ impl Totals {
         t
     }
 
+    /// [`Totals::of`] a post-state `post` made of the spans of `pre`
+    /// (whose rows are `rows`) and spans written for it: a span of pre,
+    /// found by where it stands in memory, is counted from its row unread.
+    fn of_post(pre: &[Span], rows: &[LiveRow], post: &[&Span]) -> Totals {
+        let mut t = Totals {
+            live_tokens: 0,
+            live_spans: 0,
+            pinned_tokens: 0,
+            pinned_spans: 0,
+        };
+        for &s in post {
+            let (tokens, pinned) = match index_in(pre, s).and_then(|i| rows.get(i)) {
+                Some(r) => (r.tokens, r.is_pinned()),
+                None => (s.tokens, s.is_pinned()),
+            };
+            t.live_spans += 1;
+            t.live_tokens += u64::from(tokens);
+            if pinned {
+                t.pinned_tokens += u64::from(tokens);
+                t.pinned_spans += 1;
+            }
+        }
+        t
+    }
+
     fn add_to(&self, record: &mut SessionRecord) {
         record.live_tokens += self.live_tokens;
         record.live_spans += self.live_spans;
@@ -103,6 +128,15 @@ impl Totals {
         record.pinned_tokens = self.pinned_tokens;
         record.pinned_spans = self.pinned_spans;
     }
+}
+
+/// The index of `span` in `spans` when it is one of them: the very span,
+/// by its address, not an equal one.
+fn index_in(spans: &[Span], span: &Span) -> Option<usize> {
+    let size = std::mem::size_of::<Span>();
+    let offset = (span as *const Span as usize).checked_sub(spans.as_ptr() as usize)?;
+    let at = offset / size;
+    (offset % size == 0 && at < spans.len()).then_some(at)
 }
 
 /// A count for a marker field, saturating.
@@ -292,5 +326,79 @@ impl Session {
             replace,
             marker,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::span::Role;
+    use crate::testing::{Rng, admitted};
+
+    fn totals(t: &Totals) -> (u64, u64, u64, u64) {
+        (t.live_tokens, t.live_spans, t.pinned_tokens, t.pinned_spans)
+    }
+
+    /// A span is found where it stands, and a copy of it is not.
+    #[test]
+    fn index_in_finds_the_very_span() {
+        let spans: Vec<Span> = (1..=5).map(|id| admitted(id, 1, Role::Tool, "x")).collect();
+        for (i, s) in spans.iter().enumerate() {
+            assert_eq!(index_in(&spans, s), Some(i));
+            assert_eq!(index_in(&spans, &s.clone()), None);
+        }
+        assert_eq!(index_in(&spans[1..3], &spans[0]), None);
+        assert_eq!(index_in(&spans[1..3], &spans[3]), None);
+        assert_eq!(index_in(&spans[1..3], &spans[2]), Some(1));
+        assert_eq!(index_in(&[], &spans[0]), None);
+    }
+
+    /// The totals of a post-state counted from the rows of the spans it
+    /// keeps are its totals counted from the spans, whatever it holds of
+    /// pre, in whatever order, and whatever spans written for it.
+    #[test]
+    fn totals_of_a_post_state_from_the_rows_are_its_totals() {
+        let mut rng = Rng(0x0dd_ba11_5eed_0004);
+        let mut pinned_rounds = 0;
+        for round in 0..500 {
+            let pre: Vec<Span> = (1..=rng.below(20))
+                .map(|id| {
+                    let role = if rng.below(3) == 0 {
+                        Role::User
+                    } else {
+                        Role::Tool
+                    };
+                    let text = if role == Role::User {
+                        "Never touch prod."
+                    } else {
+                        "ok"
+                    };
+                    let mut s = admitted(id, 1, role, text);
+                    s.tokens = rng.below(50) as u32;
+                    s
+                })
+                .collect();
+            let rows: Vec<LiveRow> = pre.iter().map(LiveRow::of).collect();
+            let made: Vec<Span> = (0..rng.below(3))
+                .map(|k| admitted(100 + k, 2, Role::User, "Never touch prod."))
+                .collect();
+            let mut post: Vec<&Span> = pre.iter().filter(|_| rng.below(3) != 0).collect();
+            for m in &made {
+                let at = rng.index(post.len() + 1);
+                post.insert(at, m);
+            }
+            if rng.below(4) == 0 && !post.is_empty() {
+                let at = rng.index(post.len());
+                post.push(post[at]);
+            }
+            let counted = totals(&Totals::of(post.iter().copied()));
+            pinned_rounds += usize::from(counted.3 > 0);
+            assert_eq!(
+                totals(&Totals::of_post(&pre, &rows, &post)),
+                counted,
+                "round {round}"
+            );
+        }
+        assert!(pinned_rounds > 100, "{pinned_rounds}");
     }
 }

@@ -7,6 +7,7 @@ use std::cell::Cell;
 
 use super::index::PreIndex;
 use super::{Pre, Report};
+use crate::facts::LiveRow;
 use crate::fasthash::{self, FastMap};
 use crate::plan::{Plan, ViolationKind};
 use crate::span::{Span, SpanId};
@@ -29,7 +30,7 @@ pub(super) fn check_repeated_ids(v: &mut Report, pre: &[Span], pre_index: &PreIn
 /// in plan order.
 pub(super) fn check_evictions(
     v: &mut Report,
-    pre: &[Span],
+    pre: &[LiveRow],
     pre_index: &PreIndex,
     plan: &Plan,
 ) -> (Vec<bool>, Vec<usize>) {
@@ -126,21 +127,28 @@ pub(super) fn check_forms<'p>(
     forms
 }
 
-/// Walks the expected (position, id) list beside post: its length, the
-/// first index where post differs from it (a post shorter or longer
-/// differs where the shorter ends), and the expected id at that index.
-fn first_difference<I: Iterator<Item = (u64, SpanId)>>(
+/// An entry of the expected post-state: (position, id), and the span of
+/// pre it is the entry of, when it is one.
+type Entry<'a> = ((u64, SpanId), Option<&'a Span>);
+
+/// Walks the expected list beside post: its length, the first index where
+/// post differs from it (a post shorter or longer differs where the
+/// shorter ends), and the expected id at that index. A post span that is
+/// the very span of pre an entry was made from is that entry without
+/// being read: the entry holds its row's position and id, and the rows
+/// copy the spans.
+fn first_difference<'a, I: Iterator<Item = Entry<'a>>>(
     expected: impl Fn() -> I,
     post: &[&Span],
 ) -> (usize, Option<usize>, Option<SpanId>) {
     let mut len = 0;
     let mut differs_at = None;
-    for (at, (position, id)) in expected().enumerate() {
+    for (at, ((position, id), from)) in expected().enumerate() {
         len += 1;
         if differs_at.is_none()
-            && !post
-                .get(at)
-                .is_some_and(|s| s.position == position && s.id == id)
+            && !post.get(at).is_some_and(|&s| {
+                from.is_some_and(|f| std::ptr::eq(f, s)) || (s.position == position && s.id == id)
+            })
         {
             differs_at = Some(at);
         }
@@ -150,7 +158,7 @@ fn first_difference<I: Iterator<Item = (u64, SpanId)>>(
     }
     let id = differs_at
         .and_then(|at| expected().nth(at))
-        .map(|(_, id)| id);
+        .map(|((_, id), _)| id);
     (len, differs_at, id)
 }
 
@@ -160,13 +168,14 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
     // What post must be, by (position, id): the spans pre keeps, with the
     // summary's entry, in order.
     let kept = || {
-        pre.spans
+        pre.rows
             .iter()
+            .zip(pre.spans)
             .zip(&pre.is_evicted)
             .filter(|&(_, &gone)| !gone)
-            .map(|(s, _)| (s.position, s.id))
+            .map(|((r, s), _)| ((r.position, r.id), Some(s)))
     };
-    let summary = plan.summary.as_ref().map(|s| (s.position, s.id));
+    let summary: Option<Entry<'_>> = plan.summary.as_ref().map(|s| ((s.position, s.id), None));
     // Pre is in prompt order, so the kept entries are sorted: the summary's
     // entry then goes before the first one above it, read in one walk
     // beside post, with nothing copied; the same walk finds whether they
@@ -177,7 +186,7 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
     let ascending = &sorted;
     let checked = || {
         let mut previous = None;
-        kept().inspect(move |&e| {
+        kept().inspect(move |&(e, _)| {
             if previous.is_some_and(|p| p >= e) {
                 ascending.set(false);
             }
@@ -188,17 +197,18 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
         let mut rest = summary;
         let mut kept = checked().peekable();
         std::iter::from_fn(move || match (rest, kept.peek()) {
-            (Some(m), Some(&e)) if m < e => rest.take(),
+            (Some((m, _)), Some(&(e, _))) if m < e => rest.take(),
             (Some(_), None) => rest.take(),
             _ => kept.next(),
         })
     };
     let walked = first_difference(merged, post);
-    let (expected_len, differs_at, expected_id) = if sorted.get() {
+    let in_order = sorted.get();
+    let (expected_len, differs_at, expected_id) = if in_order {
         walked
     } else {
-        let mut expected: Vec<(u64, SpanId)> = kept().chain(summary).collect();
-        expected.sort_unstable();
+        let mut expected: Vec<Entry<'_>> = kept().chain(summary).collect();
+        expected.sort_unstable_by_key(|&(e, _)| e);
         first_difference(|| expected.iter().copied(), post)
     };
     if let Some(at) = differs_at {
@@ -211,21 +221,42 @@ pub(super) fn check_post_order(v: &mut Report, pre: &Pre<'_>, plan: &Plan, post:
             ),
         );
     }
-    check_positions_increase(v, post);
+    if differs_at.is_none() && in_order {
+        // Post is the merged list, entry for entry: its positions are the
+        // entries', read from the rows rather than from post's spans.
+        let mut previous = None;
+        let at = merged().enumerate().find_map(|(k, ((position, _), _))| {
+            let out_of_order = previous.is_some_and(|p| p >= position);
+            previous = Some(position);
+            out_of_order.then_some(k)
+        });
+        if let Some(k) = at
+            && let (Some(a), Some(b)) = (post.get(k.wrapping_sub(1)), post.get(k))
+        {
+            report_not_increasing(v, a, b);
+        }
+    } else {
+        check_positions_increase(v, post);
+    }
 }
 
 /// The post-state's positions must be strictly increasing.
 fn check_positions_increase(v: &mut Report, post: &[&Span]) {
     if let Some(w) = post.windows(2).find(|w| w[0].position >= w[1].position) {
-        v.push(
-            ViolationKind::PlanInconsistent,
-            Some(w[1].id),
-            format!(
-                "positions are not strictly increasing: span {} at {} follows span {} at {}",
-                w[1].id, w[1].position, w[0].id, w[0].position
-            ),
-        );
+        report_not_increasing(v, w[0], w[1]);
     }
+}
+
+/// Span `b` follows span `a` in post at a position not above `a`'s.
+fn report_not_increasing(v: &mut Report, a: &Span, b: &Span) {
+    v.push(
+        ViolationKind::PlanInconsistent,
+        Some(b.id),
+        format!(
+            "positions are not strictly increasing: span {} at {} follows span {} at {}",
+            b.id, b.position, a.id, a.position
+        ),
+    );
 }
 
 #[cfg(test)]
@@ -337,9 +368,11 @@ mod tests {
                 3 => post.clear(),
                 _ => {}
             }
+            let rows: Vec<LiveRow> = pre.iter().map(LiveRow::of).collect();
             let pre = Pre {
-                index: crate::verify::index::PreIndex::new(&pre),
+                index: crate::verify::index::PreIndex::new(&rows),
                 spans: &pre,
+                rows: &rows,
                 is_evicted,
             };
             let (mut walked, mut copied) = (Report::default(), Report::default());

@@ -1,7 +1,8 @@
 //! Where each id of the pre-state stands, for lookups that cost little
 //! when asked in prompt order.
 
-use crate::span::{Span, SpanId};
+use crate::facts::LiveRow;
+use crate::span::SpanId;
 
 /// Where each id of the pre-state stands: the ids sorted with their
 /// indices, by a stable sort, which costs one pass over the few increasing
@@ -20,9 +21,9 @@ pub(super) struct PreIndex {
 }
 
 impl PreIndex {
-    pub(super) fn new(pre: &[Span]) -> PreIndex {
-        // One pass over pre gathers what the checks read of every span:
-        // ids, tokens, and which spans are constraints.
+    pub(super) fn new(pre: &[LiveRow]) -> PreIndex {
+        // One pass over pre's rows gathers what the checks read of every
+        // span: ids, tokens, and which spans are constraints.
         let mut by_id: Vec<(SpanId, usize)> = Vec::with_capacity(pre.len());
         let mut tokens: u64 = 0;
         let mut pinned: Vec<usize> = Vec::new();
@@ -85,6 +86,7 @@ impl PreIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::span::Span;
 
     #[test]
     fn the_pre_index_answers_like_a_map_filled_in_order() {
@@ -103,7 +105,8 @@ mod tests {
                 .iter()
                 .map(|&id| crate::testing::admitted(id, 1, crate::span::Role::Tool, "x"))
                 .collect();
-            let index = PreIndex::new(&pre);
+            let rows: Vec<LiveRow> = pre.iter().map(LiveRow::of).collect();
+            let index = PreIndex::new(&rows);
             let mut map = std::collections::HashMap::new();
             let mut repeated = Vec::new();
             for (i, s) in pre.iter().enumerate() {

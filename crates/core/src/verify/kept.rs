@@ -25,7 +25,34 @@ pub(super) fn count_post(
     let mut post_tokens: u64 = 0;
     // Post follows pre's order: look where the last kept span ended first.
     let mut next = 0;
+    let summary_id = plan.summary.as_ref().map(|m| m.id);
     for &s in post {
+        // The very span of pre that comes next, kept as it was: what the
+        // checks below find of it is in its row, and the span is not read.
+        while next < pre.spans.len() && pre.is_evicted[next] {
+            next += 1;
+        }
+        if pre.index.repeated.is_empty()
+            && let (Some(p), Some(row)) = (pre.spans.get(next), pre.rows.get(next))
+            && std::ptr::eq(p, s)
+            && Some(row.id) != summary_id
+            && (forms.is_empty() || !forms.contains_key(&row.id))
+        {
+            if state[next] != ABSENT {
+                v.push(
+                    ViolationKind::PlanInconsistent,
+                    Some(row.id),
+                    format!(
+                        "span {} appears twice in the post-compaction context",
+                        row.id
+                    ),
+                );
+            }
+            state[next] = if row.is_pinned() { PINNED } else { UNPINNED };
+            post_tokens += u64::from(row.tokens);
+            next += 1;
+            continue;
+        }
         if let Some(summary) = plan.summary.as_ref().filter(|p| p.id == s.id) {
             if summary_seen {
                 v.push(

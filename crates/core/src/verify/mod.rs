@@ -21,7 +21,7 @@ mod kept;
 mod summary;
 
 use crate::config::SessionConfig;
-use crate::facts::LiveFacts;
+use crate::facts::{LiveFacts, LiveRow};
 use crate::plan::{Plan, Verdict, Violation, ViolationKind};
 use crate::span::{Span, SpanId};
 use crate::tokens::TokenCounter;
@@ -75,15 +75,19 @@ pub(crate) fn verify_refs(
     counter: &dyn TokenCounter,
 ) -> Verdict {
     let mut v = Report::default();
-    let pre_index = PreIndex::new(pre);
+    // What the walks over pre read of each span: the rows the session
+    // keeps (which `facts` hold to the spans), or copied here.
+    let rows = LiveRow::of_spans(facts, pre);
+    let pre_index = PreIndex::new(&rows);
     consistency::check_repeated_ids(&mut v, pre, &pre_index);
-    let (is_evicted, evicted_at) = consistency::check_evictions(&mut v, pre, &pre_index, plan);
+    let (is_evicted, evicted_at) = consistency::check_evictions(&mut v, &rows, &pre_index, plan);
     let evicted: Vec<&Span> = evicted_at.iter().map(|&i| &pre[i]).collect();
     // The anchors are the text's, by the rules of `text`: derived once
     // per span by the session, or here.
     let owed = LiveFacts::owed_anchors(facts, pre, evicted_at.iter().copied());
     let pre = Pre {
         spans: pre,
+        rows: &rows,
         index: pre_index,
         is_evicted,
     };
@@ -107,6 +111,8 @@ pub(crate) fn verify_refs(
 /// and which spans the plan evicts, by index.
 struct Pre<'a> {
     spans: &'a [Span],
+    /// The row of each span (see [`LiveRow`]).
+    rows: &'a [LiveRow],
     index: PreIndex,
     is_evicted: Vec<bool>,
 }
