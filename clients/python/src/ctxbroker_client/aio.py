@@ -13,7 +13,7 @@ from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from .client import (
     CHANNEL_OPTIONS,
@@ -97,7 +97,11 @@ class AsyncBroker:
         #: The generated stub, for everything the wrapper does not cover
         #: (its calls are awaitable on this channel).
         self.stub = pb_grpc.ContextBrokerStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._health = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         self.timeout = timeout
         self.wait_for_ready = wait_for_ready
         self.admit_retry = admit_retry
@@ -143,7 +147,7 @@ class AsyncBroker:
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Waits until the daemon reports SERVING on the health check."""
         try:
-            reply = await _unary(self._health.Check)(
+            reply = await self._health(
                 health_pb2.HealthCheckRequest(service=""),
                 timeout=timeout,
                 wait_for_ready=True,
@@ -258,7 +262,7 @@ class AsyncBroker:
         span_classes: Iterable[pb.SpanClass.ValueType] = (),
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: pb.SpanState.ValueType = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 10,
     ) -> AsyncIterator[pb.SpanHit]:
         """Spans that hold words of ``query``, best first, page by page
@@ -283,7 +287,7 @@ class AsyncBroker:
         *,
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: pb.SpanState.ValueType = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 100,
     ) -> AsyncIterator[pb.SpanHit]:
         """Spans of the session in id order, page by page."""

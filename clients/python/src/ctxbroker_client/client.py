@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from .errors import BrokerError, DeadlineExceeded, Unavailable, from_rpc_error
 from .v1 import broker_pb2 as pb
@@ -125,6 +125,18 @@ class Tls:
         if self.server_name is None:
             return ()
         return (("grpc.ssl_target_name_override", self.server_name),)
+
+
+def health_check(
+    to: grpc.Channel,
+) -> grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """The standard health check's ``Check`` on ``to`` (a sync channel; on
+    a ``grpc.aio`` channel the call is awaitable)."""
+    return to.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
 
 
 def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
@@ -335,7 +347,7 @@ def span_filter(
     span_classes: Iterable[pb.SpanClass.ValueType] = (),
     from_turn: int | None = None,
     to_turn: int | None = None,
-    state: pb.SpanState.ValueType = 0,
+    state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
 ) -> pb.SpanFilter:
     return pb.SpanFilter(
         roles=list(roles),
@@ -425,7 +437,7 @@ class Broker:
             self._owns_channel = False
         #: The generated stub, for everything the wrapper does not cover.
         self.stub = pb_grpc.ContextBrokerStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._health = health_check(self.channel)
         self.timeout = timeout
         self.wait_for_ready = wait_for_ready
         self.admit_retry = admit_retry
@@ -471,7 +483,7 @@ class Broker:
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Waits until the daemon reports SERVING on the health check."""
         try:
-            reply = self._health.Check(
+            reply = self._health(
                 health_pb2.HealthCheckRequest(service=""),
                 timeout=timeout,
                 wait_for_ready=True,
@@ -600,7 +612,7 @@ class Broker:
         span_classes: Iterable[pb.SpanClass.ValueType] = (),
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: pb.SpanState.ValueType = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 10,
     ) -> Iterator[pb.SpanHit]:
         """Spans of the session, live and archived, that hold words of
@@ -626,7 +638,7 @@ class Broker:
         *,
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: pb.SpanState.ValueType = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 100,
     ) -> Iterator[pb.SpanHit]:
         """Spans of the session, live and archived, in id order, within

@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
@@ -359,7 +359,7 @@ class AsyncMarkerWatch(_Position, AsyncIterator[pb.CompactionMarker]):
                     # The daemon ended the stream without a status: resume.
                     err = None
                 else:
-                    marker = self._accept(event)
+                    marker = self._accept(cast(pb.WatchCompactionsResponse, event))
                     if marker is not None:
                         return marker
                     continue
