@@ -134,7 +134,7 @@ async def async_calls(broker: AsyncBroker) -> None:
 
 def check(calls: list[tuple[str, list[str]]]) -> None:
     assert [rpc for rpc, _ in calls] == [rpc for _, rpc, _ in EXPECTED]
-    for (what, rpc, session), (_, headers) in zip(EXPECTED, calls):
+    for (what, rpc, session), (_, headers) in zip(EXPECTED, calls, strict=True):
         assert headers == ([session] if session else []), f"{what} ({rpc}) sent {headers}"
 
 

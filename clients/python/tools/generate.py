@@ -76,7 +76,9 @@ def localize(text: str) -> str:
     text = re.sub(
         r"^from ctxbroker\.v1 import broker_pb2 as", "from . import broker_pb2 as", text, flags=re.M
     )
-    text = re.sub(r"^import ctxbroker\.v1\.broker_pb2$", "from . import broker_pb2", text, flags=re.M)
+    text = re.sub(
+        r"^import ctxbroker\.v1\.broker_pb2$", "from . import broker_pb2", text, flags=re.M
+    )
     return text.replace("ctxbroker.v1.broker_pb2.", "broker_pb2.")
 
 
@@ -87,7 +89,9 @@ def render(root: Path) -> dict[str, str]:
     plugin = shutil.which("protoc-gen-mypy")
     plugin_grpc = shutil.which("protoc-gen-mypy_grpc")
     if plugin is None or plugin_grpc is None:
-        raise SystemExit("generate: protoc-gen-mypy not on PATH (pip install -r requirements-gen.txt)")
+        raise SystemExit(
+            "generate: protoc-gen-mypy not on PATH (pip install -r requirements-gen.txt)"
+        )
     well_known = Path(protoc.__file__).resolve().parent / "_proto"
     files: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as work:
@@ -108,7 +112,12 @@ def render(root: Path) -> dict[str, str]:
         if status != 0:
             raise SystemExit(f"generate: protoc failed on {root / CONTRACT_FILE}")
         produced = Path(work) / "ctxbroker" / "v1"
-        for name in ("broker_pb2.py", "broker_pb2.pyi", "broker_pb2_grpc.py", "broker_pb2_grpc.pyi"):
+        for name in (
+            "broker_pb2.py",
+            "broker_pb2.pyi",
+            "broker_pb2_grpc.py",
+            "broker_pb2_grpc.pyi",
+        ):
             files[f"v1/{name}"] = localize((produced / name).read_text())
     files["v1/__init__.py"] = (
         '"""Generated from proto/ctxbroker/v1/broker.proto by tools/generate.py."""\n'

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2
 
 from .client import (
     CHANNEL_OPTIONS,
+    DEFAULT_RETRY,
     Admission,
     Context,
     Metadata,
@@ -84,7 +85,7 @@ class AsyncBroker:
         wait_for_ready: bool = True,
         tls: Tls | None = None,
         token: str | None = None,
-        admit_retry: Retry = Retry(),
+        admit_retry: Retry = DEFAULT_RETRY,
     ) -> None:
         #: The metadata every call sends (the bearer token among them).
         self.metadata = bearer_metadata(metadata, token)
@@ -268,7 +269,11 @@ class AsyncBroker:
         """Spans that hold words of ``query``, best first, page by page
         (see :meth:`Broker.search_spans`)."""
         found = span_filter(
-            roles=roles, span_classes=span_classes, from_turn=from_turn, to_turn=to_turn, state=state
+            roles=roles,
+            span_classes=span_classes,
+            from_turn=from_turn,
+            to_turn=to_turn,
+            state=state,
         )
         request = pb.SearchSpansRequest(
             session_id=session_id, query=query, filter=found, page_size=page_size
@@ -339,7 +344,9 @@ class AsyncBroker:
         self, session_id: str, span_id: int, *, reason: str, actor: str = ""
     ) -> pb.UnpinResponse:
         """Releases a constraint (see :meth:`Broker.unpin`)."""
-        request = pb.UnpinRequest(session_id=session_id, span_id=span_id, actor=actor, reason=reason)
+        request = pb.UnpinRequest(
+            session_id=session_id, span_id=span_id, actor=actor, reason=reason
+        )
         return await self._call(self.stub.Unpin, request, session_id)
 
     # Markers --------------------------------------------------------------

@@ -73,10 +73,15 @@ class Retry:
             backoff *= self.multiplier
 
 
+#: What :meth:`Broker.admit` does by default: four tries over about 0.7 s.
+DEFAULT_RETRY = Retry()
+
+
 def retryable_admit_error(err: BrokerError) -> bool:
     """Whether an admission that failed so may have been lost rather than
     refused: only then is it sent again."""
     return isinstance(err, (Unavailable, DeadlineExceeded))
+
 
 #: Channel options for a daemon that restarts: reconnect within a second
 #: instead of gRPC's default backoff of up to two minutes (the minimum
@@ -425,7 +430,7 @@ class Broker:
         wait_for_ready: bool = True,
         tls: Tls | None = None,
         token: str | None = None,
-        admit_retry: Retry = Retry(),
+        admit_retry: Retry = DEFAULT_RETRY,
     ) -> None:
         #: The metadata every call sends (the bearer token among them).
         self.metadata = bearer_metadata(metadata, token)
@@ -620,7 +625,11 @@ class Broker:
         finds the turn behind an anchor a marker reports dropped. Each hit
         carries a snippet; :meth:`get_span` returns the whole text."""
         found = span_filter(
-            roles=roles, span_classes=span_classes, from_turn=from_turn, to_turn=to_turn, state=state
+            roles=roles,
+            span_classes=span_classes,
+            from_turn=from_turn,
+            to_turn=to_turn,
+            state=state,
         )
         request = pb.SearchSpansRequest(
             session_id=session_id, query=query, filter=found, page_size=page_size
@@ -691,7 +700,9 @@ class Broker:
         a token the marker names the token (``token-id@tenant``), followed
         by ``(as <actor>)`` when ``actor`` is given; without one, ``actor``
         is required."""
-        request = pb.UnpinRequest(session_id=session_id, span_id=span_id, actor=actor, reason=reason)
+        request = pb.UnpinRequest(
+            session_id=session_id, span_id=span_id, actor=actor, reason=reason
+        )
         return self._call(self.stub.Unpin, request, session_id)
 
     # Markers --------------------------------------------------------------

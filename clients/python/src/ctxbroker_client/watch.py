@@ -368,9 +368,7 @@ class AsyncMarkerWatch(_Position, AsyncIterator[pb.CompactionMarker]):
             failing_since = failing_since or time.monotonic()
             self._ended(err, failing_since)
             try:
-                await asyncio.wait_for(
-                    self._closed.wait(), backoff * random.uniform(0.8, 1.2)
-                )
+                await asyncio.wait_for(self._closed.wait(), backoff * random.uniform(0.8, 1.2))
             except asyncio.TimeoutError:
                 pass
             else:
