@@ -55,9 +55,9 @@ echo "== clients: python types (mypy --strict)"
 (cd clients/python && mypy)
 
 for env_dir in "$venv" "$venv_oldest"; do
-  echo "== clients: python client tests on $("$env_dir/bin/python" -c \
-    'import google.protobuf as p, grpc as g; print(f"protobuf {p.__version__}, grpcio {g.__version__}")') \
-    (with the agent loop and the cross-language watchers)"
+  stack=$("$env_dir/bin/python" -c \
+    'import google.protobuf as p, grpc as g; print(f"protobuf {p.__version__}, grpcio {g.__version__}")')
+  echo "== clients: python client tests on $stack (with the agent loop and the cross-language watchers)"
   (cd clients/python && PATH=$env_dir/bin:$PATH python -m pytest -v -p no:cacheprovider)
 done
 

@@ -164,7 +164,10 @@ def main() -> int:
     if args.check and stale:
         print(f"generate: stale generated files: {', '.join(stale)}; run tools/generate.py")
         return 1
-    print(("up to date: " if args.check else "wrote: ") + (", ".join(stale) or "nothing"))
+    if args.check:
+        print(f"generate: {len(files)} generated files up to date")
+    else:
+        print("generate: wrote " + (", ".join(stale) or "nothing (all up to date)"))
     return 0
 
 
