@@ -4,16 +4,20 @@
 ``proto/ctxbroker/v1/broker.proto`` when this package was built;
 :class:`Broker` wraps the common flow of an agent (create a session, admit
 turns, build the prompt from the live context, watch compaction markers with
-automatic resume); :mod:`ctxbroker_client.errors` turns the daemon's
-statuses and google.rpc details into exceptions.
+automatic resume); :class:`AsyncBroker` is the same client for asyncio;
+:mod:`ctxbroker_client.errors` turns the daemon's statuses and google.rpc
+details into exceptions.
 """
 
 from . import errors
+from .aio import AsyncBroker, aio_channel
 from .client import (
     CHANNEL_OPTIONS,
+    SESSION_HEADER,
     Admission,
     Broker,
     Context,
+    Retry,
     Tls,
     assistant,
     channel,
@@ -27,12 +31,15 @@ from .errors import BrokerError
 from .v1 import broker_pb2 as pb
 from .v1 import broker_pb2_grpc as pb_grpc
 from .v1._contract import CONTRACT_DIGEST
-from .watch import MarkerSequenceError, MarkerWatch, watch_in_thread
+from .watch import AsyncMarkerWatch, MarkerSequenceError, MarkerWatch, watch_in_thread
 
 __all__ = [
     "CHANNEL_OPTIONS",
     "CONTRACT_DIGEST",
+    "SESSION_HEADER",
     "Admission",
+    "AsyncBroker",
+    "AsyncMarkerWatch",
     "Broker",
     "BrokerError",
     "Context",
@@ -40,7 +47,9 @@ __all__ = [
     "LocalDaemon",
     "MarkerSequenceError",
     "MarkerWatch",
+    "Retry",
     "Tls",
+    "aio_channel",
     "assistant",
     "channel",
     "errors",

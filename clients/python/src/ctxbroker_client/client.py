@@ -6,24 +6,82 @@ compaction markers — and leaves everything else to the generated stub
 (:attr:`Broker.stub`), which speaks the whole contract. Messages are the
 generated ones (``ctxbroker_client.pb``), typed by the generated ``.pyi``;
 failures raise the exceptions of :mod:`ctxbroker_client.errors`.
+
+Every call about one session carries its id in the ``x-ctxbroker-session``
+header, on which a sharded deployment routes (deploy/envoy/envoy.yaml).
+:class:`~ctxbroker_client.aio.AsyncBroker` is the same client for asyncio;
+the request building below is shared by both.
 """
 
 from __future__ import annotations
 
+import random
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from .errors import BrokerError, from_rpc_error
+from .errors import BrokerError, DeadlineExceeded, Unavailable, from_rpc_error
 from .v1 import broker_pb2 as pb
 from .v1 import broker_pb2_grpc as pb_grpc
 from .v1._contract import CONTRACT_DIGEST
 
 if TYPE_CHECKING:
     from .watch import MarkerWatch
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+#: The header that names a call's session, for session-affine routing.
+SESSION_HEADER = "x-ctxbroker-session"
+
+#: Metadata: (key, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How :meth:`Broker.admit` retries a turn whose outcome is unknown
+    (UNAVAILABLE: the connection dropped or the daemon restarted;
+    DEADLINE_EXCEEDED): up to ``attempts`` tries in all, sleeping
+    ``initial_backoff`` seconds, then ``multiplier`` times more each time up
+    to ``max_backoff``, each with ±20 % jitter. Every try sends the same
+    idempotency keys, so the daemon admits the turn at most once; a retry
+    of a turn that was admitted comes back with ``replayed`` set.
+    ``Retry(attempts=1)`` never retries."""
+
+    attempts: int = 4
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("Retry: attempts must be at least 1")
+        if self.initial_backoff < 0 or self.max_backoff < 0 or self.multiplier < 1:
+            raise ValueError("Retry: backoffs must be >= 0 and the multiplier >= 1")
+
+    def delays(self) -> Iterator[float]:
+        """The sleeps before the second, third ... tries."""
+        backoff = self.initial_backoff
+        for _ in range(self.attempts - 1):
+            yield min(backoff, self.max_backoff) * random.uniform(0.8, 1.2)
+            backoff *= self.multiplier
+
+
+#: What :meth:`Broker.admit` does by default: four tries over about 0.7 s.
+DEFAULT_RETRY = Retry()
+
+
+def retryable_admit_error(err: BrokerError) -> bool:
+    """Whether an admission that failed so may have been lost rather than
+    refused: only then is it sent again."""
+    return isinstance(err, (Unavailable, DeadlineExceeded))
+
 
 #: Channel options for a daemon that restarts: reconnect within a second
 #: instead of gRPC's default backoff of up to two minutes (the minimum
@@ -74,6 +132,18 @@ class Tls:
         return (("grpc.ssl_target_name_override", self.server_name),)
 
 
+def health_check(
+    to: grpc.Channel,
+) -> grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """The standard health check's ``Check`` on ``to`` (a sync channel; on
+    a ``grpc.aio`` channel the call is awaitable)."""
+    return to.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+
+
 def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
     """A channel to ``host:port`` with :data:`CHANNEL_OPTIONS`: plaintext,
     or over TLS with ``tls``. ``unix:/path`` reaches a daemon serving a
@@ -90,10 +160,10 @@ def channel(target: str, tls: Tls | None = None) -> grpc.Channel:
 
 
 def span(
-    role: pb.Role,
+    role: pb.Role.ValueType,
     text: str,
     *,
-    span_class: pb.SpanClass = pb.SPAN_CLASS_UNSPECIFIED,
+    span_class: pb.SpanClass.ValueType = pb.SPAN_CLASS_UNSPECIFIED,
     idempotency_key: str = "",
     token_count: int | None = None,
     relevance_hint: float | None = None,
@@ -111,22 +181,22 @@ def span(
     return out
 
 
-def user(text: str, **kwargs) -> pb.SpanInput:
+def user(text: str, **kwargs: Any) -> pb.SpanInput:
     """A user span."""
     return span(pb.ROLE_USER, text, **kwargs)
 
 
-def assistant(text: str, **kwargs) -> pb.SpanInput:
+def assistant(text: str, **kwargs: Any) -> pb.SpanInput:
     """The model's own turn."""
     return span(pb.ROLE_ASSISTANT, text, **kwargs)
 
 
-def tool(text: str, **kwargs) -> pb.SpanInput:
+def tool(text: str, **kwargs: Any) -> pb.SpanInput:
     """A tool result."""
     return span(pb.ROLE_TOOL, text, **kwargs)
 
 
-def system(text: str, **kwargs) -> pb.SpanInput:
+def system(text: str, **kwargs: Any) -> pb.SpanInput:
     """A system or developer instruction."""
     return span(pb.ROLE_SYSTEM, text, **kwargs)
 
@@ -197,6 +267,136 @@ class Context:
         return [s for s in self.spans if s.span_class == pb.SPAN_CLASS_CONSTRAINT]
 
 
+# Requests, built the same way for the sync and the asyncio client ----------
+
+
+def bearer_metadata(metadata: Sequence[tuple[str, str]], token: str | None) -> Metadata:
+    """The metadata every call sends: ``metadata`` and, with a token,
+    ``authorization: Bearer <token>``."""
+    if token is not None and (not token or any(c in token for c in "\r\n")):
+        raise ValueError("Broker: token must be a non-empty single line")
+    bearer = () if token is None else (("authorization", f"Bearer {token}"),)
+    return tuple(metadata) + bearer
+
+
+def with_session(metadata: Metadata, session_id: str | None) -> Metadata:
+    """``metadata`` plus the ``x-ctxbroker-session`` header naming
+    ``session_id`` (replacing one the caller set), unless it is None."""
+    if session_id is None:
+        return metadata
+    kept = tuple((k, v) for k, v in metadata if k != SESSION_HEADER)
+    return (*kept, (SESSION_HEADER, session_id))
+
+
+def create_session_request(
+    session_id: str,
+    window_tokens: int,
+    config: pb.SessionConfig | None,
+    settings: dict[str, object],
+) -> pb.CreateSessionRequest:
+    cfg = pb.SessionConfig()
+    if config is not None:
+        cfg.CopyFrom(config)
+    cfg.window_tokens = window_tokens
+    for name, value in settings.items():
+        setattr(cfg, name, value)
+    return pb.CreateSessionRequest(session_id=session_id, config=cfg)
+
+
+def update_session_request(
+    session_id: str, config: pb.SessionConfig | None, settings: dict[str, object]
+) -> pb.UpdateSessionRequest:
+    cfg = pb.SessionConfig()
+    if config is not None:
+        cfg.CopyFrom(config)
+    for name, value in settings.items():
+        setattr(cfg, name, value)
+    return pb.UpdateSessionRequest(session_id=session_id, config=cfg)
+
+
+#: The longest caller key :func:`admit_request` accepts: the daemon takes
+#: keys of up to 128 characters, and a span's key adds ``.<index>``.
+MAX_TURN_KEY = 120
+
+
+def admit_request(
+    session_id: str, spans: Iterable[pb.SpanInput], idempotency_key: str | None
+) -> pb.AdmitRequest:
+    """The request for one turn, every span carrying an idempotency key.
+
+    Spans that all carry keys keep them. Spans that carry none get
+    ``<key>.<index>`` (index from 0), where ``<key>`` is
+    ``idempotency_key`` or, when that is None, a fresh random one: made
+    once here, so every retry of the request sends the same keys. The
+    caller's spans are copied, not changed. Spans of which only some carry
+    keys are sent as they are (the daemon refuses them)."""
+    turn = []
+    for given in spans:
+        copy = pb.SpanInput()
+        copy.CopyFrom(given)
+        turn.append(copy)
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_TURN_KEY:
+        raise ValueError(f"admit: idempotency_key must be 1 to {MAX_TURN_KEY} characters")
+    if turn and not any(s.idempotency_key for s in turn):
+        key = idempotency_key if idempotency_key is not None else uuid.uuid4().hex
+        for index, item in enumerate(turn):
+            item.idempotency_key = f"{key}.{index}"
+    elif idempotency_key is not None:
+        raise ValueError("admit: idempotency_key given, but the spans carry keys of their own")
+    return pb.AdmitRequest(session_id=session_id, spans=turn)
+
+
+def span_filter(
+    *,
+    roles: Iterable[pb.Role.ValueType] = (),
+    span_classes: Iterable[pb.SpanClass.ValueType] = (),
+    from_turn: int | None = None,
+    to_turn: int | None = None,
+    state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
+) -> pb.SpanFilter:
+    return pb.SpanFilter(
+        roles=list(roles),
+        span_classes=list(span_classes),
+        from_turn=from_turn,
+        to_turn=to_turn,
+        state=state,
+    )
+
+
+def plan_request(
+    session_id: str, incoming_tokens: int, target_tokens: int | None
+) -> pb.PlanCompactionRequest:
+    request = pb.PlanCompactionRequest(session_id=session_id, incoming_tokens=incoming_tokens)
+    if target_tokens is not None:
+        request.target_tokens = target_tokens
+    return request
+
+
+def commit_request(
+    session_id: str,
+    plan_id: str,
+    actor: str,
+    summary_text: str | None,
+    compressed_forms: Sequence[pb.CompressedForm],
+) -> pb.CommitCompactionRequest:
+    request = pb.CommitCompactionRequest(
+        session_id=session_id,
+        plan_id=plan_id,
+        actor=actor,
+        compressed_forms=list(compressed_forms),
+    )
+    if summary_text is not None:
+        request.summary_text = summary_text
+    return request
+
+
+def pin_request(session_id: str, span_id: int, predicate: pb.Predicate | None) -> pb.PinRequest:
+    request = pb.PinRequest(session_id=session_id, span_id=span_id)
+    if predicate is not None:
+        request.predicate.CopyFrom(predicate)
+    return request
+
+
 class Broker:
     """A client of one ctxbroker daemon.
 
@@ -215,6 +415,10 @@ class Broker:
     (the default) a call made while the daemon is unreachable — restarting,
     say — waits for it within that timeout instead of failing at once; the
     request has not been sent then, so this never repeats an admission.
+    :meth:`admit` retries a turn whose reply was lost as ``admit_retry``
+    says, with idempotency keys. Every call about one session sends the
+    ``x-ctxbroker-session`` header; :meth:`session_metadata` gives it for
+    calls made on :attr:`stub` directly.
     """
 
     def __init__(
@@ -226,9 +430,10 @@ class Broker:
         wait_for_ready: bool = True,
         tls: Tls | None = None,
         token: str | None = None,
+        admit_retry: Retry = DEFAULT_RETRY,
     ) -> None:
-        if token is not None and (not token or any(c in token for c in "\r\n")):
-            raise ValueError("Broker: token must be a non-empty single line")
+        #: The metadata every call sends (the bearer token among them).
+        self.metadata = bearer_metadata(metadata, token)
         if isinstance(target, str):
             self.channel: grpc.Channel = channel(target, tls)
             self._owns_channel = True
@@ -237,12 +442,10 @@ class Broker:
             self._owns_channel = False
         #: The generated stub, for everything the wrapper does not cover.
         self.stub = pb_grpc.ContextBrokerStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._health = health_check(self.channel)
         self.timeout = timeout
-        bearer = () if token is None else (("authorization", f"Bearer {token}"),)
-        #: The metadata every call sends (the bearer token among them).
-        self.metadata = tuple(metadata) + bearer
         self.wait_for_ready = wait_for_ready
+        self.admit_retry = admit_retry
 
     def __repr__(self) -> str:
         authenticated = any(key == "authorization" for key, _ in self.metadata)
@@ -259,12 +462,22 @@ class Broker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method, request):
+    def session_metadata(self, session_id: str | None) -> Metadata:
+        """The metadata of a call about ``session_id``: :attr:`metadata`
+        and the ``x-ctxbroker-session`` header (none for None)."""
+        return with_session(self.metadata, session_id)
+
+    def _call(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Req, _Resp],
+        request: _Req,
+        session_id: str | None = None,
+    ) -> _Resp:
         try:
             return method(
                 request,
                 timeout=self.timeout,
-                metadata=self.metadata,
+                metadata=self.session_metadata(session_id),
                 wait_for_ready=self.wait_for_ready,
             )
         except grpc.RpcError as err:
@@ -275,7 +488,7 @@ class Broker:
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Waits until the daemon reports SERVING on the health check."""
         try:
-            reply = self._health.Check(
+            reply = self._health(
                 health_pb2.HealthCheckRequest(service=""),
                 timeout=timeout,
                 wait_for_ready=True,
@@ -307,83 +520,126 @@ class Broker:
         """Creates a session. ``settings`` are ``SessionConfig`` fields
         (``alpha=0.8``, ``mode=pb.SESSION_MODE_APPROVAL`` ...); unset ones
         take the daemon's defaults, which the returned session spells out."""
-        cfg = pb.SessionConfig()
-        if config is not None:
-            cfg.CopyFrom(config)
-        cfg.window_tokens = window_tokens
-        for name, value in settings.items():
-            setattr(cfg, name, value)
-        reply = self._call(
-            self.stub.CreateSession, pb.CreateSessionRequest(session_id=session_id, config=cfg)
-        )
-        return reply.session
+        request = create_session_request(session_id, window_tokens, config, settings)
+        return self._call(self.stub.CreateSession, request, session_id).session
 
     def get_session(self, session_id: str) -> pb.Session:
         """One session with its effective configuration and totals."""
-        return self._call(self.stub.GetSession, pb.GetSessionRequest(session_id=session_id)).session
+        request = pb.GetSessionRequest(session_id=session_id)
+        return self._call(self.stub.GetSession, request, session_id).session
+
+    def update_session(
+        self, session_id: str, *, config: pb.SessionConfig | None = None, **settings: object
+    ) -> pb.Session:
+        """Changes a session's configuration: ``settings`` (or ``config``)
+        are the ``SessionConfig`` fields to change; the rest keep their
+        value. Returns the session after the change."""
+        request = update_session_request(session_id, config, settings)
+        return self._call(self.stub.UpdateSession, request, session_id).session
 
     def list_sessions(self, page_size: int = 100) -> Iterator[pb.Session]:
         """Every session, in id order, fetching page by page."""
         request = pb.ListSessionsRequest(page_size=page_size)
-        return self._pages(self.stub.ListSessions, request, "sessions")
+        while True:
+            reply = self._call(self.stub.ListSessions, request)
+            yield from reply.sessions
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
 
     def delete_session(self, session_id: str) -> int:
         """Deletes a session; returns the spans deleted."""
-        return self._call(
-            self.stub.DeleteSession, pb.DeleteSessionRequest(session_id=session_id)
-        ).spans_deleted
+        request = pb.DeleteSessionRequest(session_id=session_id)
+        return self._call(self.stub.DeleteSession, request, session_id).spans_deleted
+
+    def export_session(self, session_id: str) -> pb.ExportSessionResponse:
+        """A snapshot of the session (``.snapshot``) for
+        :meth:`import_session`, with the session as exported."""
+        request = pb.ExportSessionRequest(session_id=session_id)
+        return self._call(self.stub.ExportSession, request, session_id)
+
+    def import_session(self, snapshot: pb.SessionSnapshot) -> pb.ImportSessionResponse:
+        """Creates the snapshot's session here; its header names
+        ``snapshot.session_id``, so it lands where later calls look."""
+        request = pb.ImportSessionRequest(snapshot=snapshot)
+        return self._call(self.stub.ImportSession, request, snapshot.session_id)
 
     # The agent's turn -----------------------------------------------------
 
-    def admit(self, session_id: str, spans: Iterable[pb.SpanInput]) -> Admission:
+    def admit(
+        self,
+        session_id: str,
+        spans: Iterable[pb.SpanInput],
+        *,
+        idempotency_key: str | None = None,
+    ) -> Admission:
         """Admits one turn. The daemon compacts first when the turn does not
         fit; a turn that can never fit raises
         :class:`~ctxbroker_client.errors.CompactionInvariant` and changes
-        nothing."""
-        reply = self._call(
-            self.stub.Admit, pb.AdmitRequest(session_id=session_id, spans=list(spans))
-        )
-        return Admission.from_pb(reply)
+        nothing.
+
+        The turn is sent with idempotency keys (see :func:`admit_request`:
+        the spans' own, or ``<idempotency_key>.<index>``, or random ones
+        made once for this call) and sent again as :attr:`admit_retry` says
+        when its reply is lost (UNAVAILABLE, DEADLINE_EXCEEDED): the daemon
+        admits it once, and answers a retry of an admitted turn with the
+        original spans and ``replayed`` set. Pass ``idempotency_key`` to
+        make retries across calls (or processes) safe as well."""
+        request = admit_request(session_id, spans, idempotency_key)
+        delays = self.admit_retry.delays()
+        while True:
+            try:
+                reply = self._call(self.stub.Admit, request, session_id)
+            except BrokerError as err:
+                delay = next(delays, None) if retryable_admit_error(err) else None
+                if delay is None:
+                    raise
+                time.sleep(delay)
+                continue
+            return Admission.from_pb(reply)
 
     def get_context(self, session_id: str) -> Context:
         """The live context in prompt order."""
-        return Context.from_pb(
-            self._call(self.stub.GetContext, pb.GetContextRequest(session_id=session_id))
-        )
+        request = pb.GetContextRequest(session_id=session_id)
+        return Context.from_pb(self._call(self.stub.GetContext, request, session_id))
 
     def get_span(self, session_id: str, span_id: int) -> pb.Span:
         """One span by id, live or archived."""
-        return self._call(
-            self.stub.GetSpan, pb.GetSpanRequest(session_id=session_id, span_id=span_id)
-        ).span
+        request = pb.GetSpanRequest(session_id=session_id, span_id=span_id)
+        return self._call(self.stub.GetSpan, request, session_id).span
 
     def search_spans(
         self,
         session_id: str,
         query: str,
         *,
-        roles: Iterable[int] = (),
-        span_classes: Iterable[int] = (),
+        roles: Iterable[pb.Role.ValueType] = (),
+        span_classes: Iterable[pb.SpanClass.ValueType] = (),
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: int = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 10,
     ) -> Iterator[pb.SpanHit]:
         """Spans of the session, live and archived, that hold words of
         ``query``, best first (BM25), fetching page by page: how an agent
         finds the turn behind an anchor a marker reports dropped. Each hit
         carries a snippet; :meth:`get_span` returns the whole text."""
-        span_filter = pb.SpanFilter(
-            roles=list(roles),
-            span_classes=list(span_classes),
+        found = span_filter(
+            roles=roles,
+            span_classes=span_classes,
             from_turn=from_turn,
             to_turn=to_turn,
             state=state,
         )
         request = pb.SearchSpansRequest(
-            session_id=session_id, query=query, filter=span_filter, page_size=page_size
+            session_id=session_id, query=query, filter=found, page_size=page_size
         )
-        return self._pages(self.stub.SearchSpans, request, "hits")
+        while True:
+            reply = self._call(self.stub.SearchSpans, request, session_id)
+            yield from reply.hits
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
 
     def list_spans(
         self,
@@ -391,22 +647,16 @@ class Broker:
         *,
         from_turn: int | None = None,
         to_turn: int | None = None,
-        state: int = 0,
+        state: pb.SpanState.ValueType = pb.SPAN_STATE_UNSPECIFIED,
         page_size: int = 100,
     ) -> Iterator[pb.SpanHit]:
         """Spans of the session, live and archived, in id order, within
         the turn range, fetching page by page."""
-        span_filter = pb.SpanFilter(from_turn=from_turn, to_turn=to_turn, state=state)
-        request = pb.ListSpansRequest(
-            session_id=session_id, filter=span_filter, page_size=page_size
-        )
-        return self._pages(self.stub.ListSpans, request, "spans")
-
-    def _pages(self, method, request, field: str) -> Iterator:
-        """Every item of `field` over the pages of a paged call."""
+        found = span_filter(from_turn=from_turn, to_turn=to_turn, state=state)
+        request = pb.ListSpansRequest(session_id=session_id, filter=found, page_size=page_size)
         while True:
-            reply = self._call(method, request)
-            yield from getattr(reply, field)
+            reply = self._call(self.stub.ListSpans, request, session_id)
+            yield from reply.spans
             if not reply.next_page_token:
                 return
             request.page_token = reply.next_page_token
@@ -421,10 +671,8 @@ class Broker:
         target_tokens: int | None = None,
     ) -> pb.PlanCompactionResponse:
         """A dry run: the plan, its verification and a plan id."""
-        request = pb.PlanCompactionRequest(session_id=session_id, incoming_tokens=incoming_tokens)
-        if target_tokens is not None:
-            request.target_tokens = target_tokens
-        return self._call(self.stub.PlanCompaction, request)
+        request = plan_request(session_id, incoming_tokens, target_tokens)
+        return self._call(self.stub.PlanCompaction, request, session_id)
 
     def commit_compaction(
         self,
@@ -437,22 +685,13 @@ class Broker:
     ) -> pb.CommitCompactionResponse:
         """Commits a plan (re-verified; :class:`StalePlan` when the session
         moved on)."""
-        request = pb.CommitCompactionRequest(
-            session_id=session_id,
-            plan_id=plan_id,
-            actor=actor,
-            compressed_forms=list(compressed_forms),
-        )
-        if summary_text is not None:
-            request.summary_text = summary_text
-        return self._call(self.stub.CommitCompaction, request)
+        request = commit_request(session_id, plan_id, actor, summary_text, compressed_forms)
+        return self._call(self.stub.CommitCompaction, request, session_id)
 
     def pin(self, session_id: str, span_id: int, predicate: pb.Predicate | None = None) -> pb.Span:
         """Pins a live span as a constraint."""
-        request = pb.PinRequest(session_id=session_id, span_id=span_id)
-        if predicate is not None:
-            request.predicate.CopyFrom(predicate)
-        return self._call(self.stub.Pin, request).span
+        request = pin_request(session_id, span_id, predicate)
+        return self._call(self.stub.Pin, request, session_id).span
 
     def unpin(
         self, session_id: str, span_id: int, *, reason: str, actor: str = ""
@@ -461,10 +700,10 @@ class Broker:
         a token the marker names the token (``token-id@tenant``), followed
         by ``(as <actor>)`` when ``actor`` is given; without one, ``actor``
         is required."""
-        return self._call(
-            self.stub.Unpin,
-            pb.UnpinRequest(session_id=session_id, span_id=span_id, actor=actor, reason=reason),
+        request = pb.UnpinRequest(
+            session_id=session_id, span_id=span_id, actor=actor, reason=reason
         )
+        return self._call(self.stub.Unpin, request, session_id)
 
     # Markers --------------------------------------------------------------
 
@@ -472,7 +711,7 @@ class Broker:
         self,
         *,
         from_seq: int = 1,
-        start: pb.WatchStart = pb.WATCH_START_FROM_SEQ,
+        start: pb.WatchStart.ValueType = pb.WATCH_START_FROM_SEQ,
         session_ids: Sequence[str] = (),
         max_backoff: float = 2.0,
         give_up_after: float | None = None,
@@ -483,7 +722,8 @@ class Broker:
         backoff and resumes from the last sequence seen + 1. See
         :class:`~ctxbroker_client.watch.MarkerWatch`; ``on_reconnect`` is
         called with the sequence to resume from and the error that ended the
-        stream (None when it just ended) before each reconnection."""
+        stream (None when it just ended) before each reconnection. A watch
+        of one session's markers sends that session's header."""
         from .watch import MarkerWatch
 
         return MarkerWatch(

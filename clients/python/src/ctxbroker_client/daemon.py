@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from .client import Tls, channel
+from .client import Tls, channel, health_check
 
 
 class DaemonFailed(RuntimeError):
@@ -132,7 +132,7 @@ class LocalDaemon:
         :class:`DaemonFailed` if the process exits or the deadline passes."""
         deadline = time.monotonic() + self.ready_timeout
         with channel(self.address, self.tls) as ready:
-            health = health_pb2_grpc.HealthStub(ready)
+            health = health_check(ready)
             while True:
                 if self.process is None or self.process.poll() is not None:
                     raise DaemonFailed(f"ctxbrokerd exited during start\n{self.log_tail()}")
@@ -143,7 +143,7 @@ class LocalDaemon:
                     )
                 try:
                     # Bounded so an exit during start is noticed.
-                    reply = health.Check(
+                    reply = health(
                         health_pb2.HealthCheckRequest(service=""),
                         timeout=min(1.0, remaining),
                         wait_for_ready=True,

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
+import grpc.aio
 from google.rpc import error_details_pb2, status_pb2
 
 #: The ErrorInfo domain of every error the daemon returns.
@@ -292,12 +293,15 @@ def _decode_details(raw: bytes | None) -> _Details:
 
 def from_rpc_error(err: grpc.RpcError) -> BrokerError:
     """The typed exception for a failed call."""
-    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
-    message = (err.details() if isinstance(err, grpc.Call) else str(err)) or ""
+    # A sync call's error is also its grpc.Call; an asyncio call's error
+    # (grpc.aio.AioRpcError) carries the same accessors.
+    call = err if isinstance(err, (grpc.Call, grpc.aio.AioRpcError)) else None
+    code = (call.code() if call is not None else None) or grpc.StatusCode.UNKNOWN
+    message = (call.details() if call is not None else str(err)) or ""
     raw: bytes | None = None
     trailers: dict[str, str] = {}
-    if isinstance(err, grpc.Call):
-        for key, value in err.trailing_metadata() or ():
+    if call is not None:
+        for key, value in call.trailing_metadata() or ():
             if key == "grpc-status-details-bin":
                 raw = value if isinstance(value, bytes) else None
             elif isinstance(value, str):
