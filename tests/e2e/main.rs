@@ -21,6 +21,7 @@ mod cliff;
 mod config;
 mod corruption;
 mod crash;
+mod ctl;
 mod durable;
 #[cfg(feature = "failpoints")]
 mod faults;
