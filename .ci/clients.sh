@@ -6,7 +6,8 @@
 #     its tests twice, on the newest and on the oldest supported stack (the
 #     example agent loop and the cross-language watcher test, a Python and
 #     a Node watcher across a daemon restart, among them);
-#   - the Node watcher's test (clients/node);
+#   - the Node client's tests (clients/node): the typed TypeScript client
+#     (every RPC), the watcher, and the package as it would be published;
 #   - the README's "Walkthrough with grpcurl", every output it shows checked.
 # Installs everything it needs: three virtual environments under
 # target/clients, each pinned by a file of clients/python: the newest stack
@@ -61,8 +62,10 @@ for env_dir in "$venv" "$venv_oldest"; do
   (cd clients/python && PATH=$env_dir/bin:$PATH python -m pytest -v -p no:cacheprovider)
 done
 
-echo "== clients: node watcher test"
-(cd clients/node && node --test test/protocol.test.js test/watch.test.js)
+echo "== clients: node client tests (typed client, watcher, package)"
+# `npm ci` above built the package (its `prepare` script generates the
+# types from proto/ and compiles them); `npm test` type-checks and runs.
+(cd clients/node && npm test)
 
 echo "== clients: README walkthrough with grpcurl"
 python .ci/walkthrough.py

@@ -2,8 +2,9 @@
 // Watches ctxbroker compaction markers and survives daemon restarts.
 //
 // The contract is loaded at run time from proto/ctxbroker/v1/broker.proto
-// (the repository's, or $CTXBROKER_PROTO_DIR), so this client can never
-// drift from it. WatchCompactions replays markers from the durable log,
+// (the repository's, or $CTXBROKER_PROTO_DIR, or the package's own copy), so
+// this client can never drift from it. The typed client (src/, built to
+// dist/) has the same resuming watcher for TypeScript. WatchCompactions replays markers from the durable log,
 // sends one `caughtUp` event when the replay is done, then streams new
 // markers live; at shutdown the daemon ends the stream with UNAVAILABLE
 // and a `resume-from-seq` trailer, and when it is killed the connection
@@ -51,9 +52,14 @@ const LOADER_OPTIONS = {
   oneofs: true,
 };
 
-/** The directory holding ctxbroker/v1/broker.proto. */
+/** The directory holding ctxbroker/v1/broker.proto: $CTXBROKER_PROTO_DIR,
+ * else the repository's (in a checkout), else the copy the package ships
+ * (made by `npm run build`). */
 function protoDir() {
-  return process.env.CTXBROKER_PROTO_DIR || path.join(__dirname, '..', '..', 'proto');
+  if (process.env.CTXBROKER_PROTO_DIR) return process.env.CTXBROKER_PROTO_DIR;
+  const checkout = path.join(__dirname, '..', '..', 'proto');
+  if (fs.existsSync(path.join(checkout, 'ctxbroker', 'v1', 'broker.proto'))) return checkout;
+  return path.join(__dirname, 'proto');
 }
 
 /** Loads the contract; returns the `ctxbroker.v1` package object. */
