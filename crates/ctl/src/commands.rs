@@ -535,7 +535,7 @@ async fn info(connection: &Connection, output: Output) -> Result<(), CtlError> {
     let view = InfoView::of(connection.addr(), &info);
     render::print(output, &view, || {
         format!(
-            "address          {}\nversion          {} ({})\ncontract         {}\ndurability       {}\ntokenizers       {}\nstarted          {}\nmarkers          {} to {}",
+            "address          {}\nversion          {} ({})\ncontract         {}\ndurability       {}\ntokenizers       {}\nstarted          {}\nmarkers          {}",
             view.addr,
             view.version,
             view.git_commit,
@@ -543,8 +543,11 @@ async fn info(connection: &Connection, output: Output) -> Result<(), CtlError> {
             view.durability,
             view.tokenizers.join(", "),
             view.started_at.as_deref().unwrap_or("-"),
-            view.oldest_marker_seq,
-            view.next_marker_seq.saturating_sub(1),
+            if view.next_marker_seq > view.oldest_marker_seq {
+                format!("{} to {}", view.oldest_marker_seq, view.next_marker_seq - 1)
+            } else {
+                format!("none yet (the next is {})", view.next_marker_seq)
+            },
         )
     });
     Ok(())
