@@ -52,8 +52,8 @@ grpcurl --version
 echo "== clients: python stubs are what the pinned generator makes of proto/"
 (cd clients/python && PATH=$venv_gen/bin:$PATH python tools/generate.py --check)
 
-echo "== clients: python types (mypy --strict)"
-(cd clients/python && mypy)
+echo "== clients: python lint and format (ruff), types (mypy --strict)"
+(cd clients/python && ruff check . && ruff format --check . && mypy)
 
 for env_dir in "$venv" "$venv_oldest"; do
   stack=$("$env_dir/bin/python" -c \

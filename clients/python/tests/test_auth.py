@@ -5,19 +5,23 @@ an operator; each test with a freshly started daemon."""
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import CONSTRAINT, REPO, Collector
 
 from ctxbroker_client import Broker, LocalDaemon, find_binary, pb, span, tool, user
-from ctxbroker_client.errors import PermissionDenied, SessionNotFound, Unauthenticated
-
-from conftest import CONSTRAINT, REPO, Collector
+from ctxbroker_client.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    SessionNotFound,
+    Unauthenticated,
+)
 
 TOKENS = {
     "acme-agent": ("agent", "acme", "acme-agent-token-0123456789"),
@@ -104,7 +108,7 @@ def test_each_tenant_sees_only_its_own_sessions_and_the_operator_sees_all(daemon
         assert [s.session_id for s in root.list_sessions()] == ["acme/s1", "beta/s1"]
         assert [s.text for s in root.get_context("acme/s1").spans] == ["acme's secret plan"]
         # Another tenant's full id is no id a tenant can name.
-        with pytest.raises(Exception):
+        with pytest.raises(InvalidArgument, match="session_id"):
             beta.get_session("acme/s1")
         beta.delete_session("s1")
         with pytest.raises(SessionNotFound):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import CONSTRAINT, REPO, admit_tools, small_session
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -20,8 +21,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ctxbroker_client import Broker, LocalDaemon, Tls, find_binary, user
 from ctxbroker_client.errors import BrokerError
-
-from conftest import CONSTRAINT, REPO, admit_tools, small_session
 
 
 class Authority:
@@ -58,7 +57,9 @@ class Authority:
             )
             .sign(self.key, hashes.SHA256())
         )
-        self.ca_file = self._write(f"{name}.pem", self.cert.public_bytes(serialization.Encoding.PEM))
+        self.ca_file = self._write(
+            f"{name}.pem", self.cert.public_bytes(serialization.Encoding.PEM)
+        )
 
     def _write(self, name: str, data: bytes) -> str:
         path = self.directory / name
@@ -85,7 +86,9 @@ class Authority:
                     [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
                 ),
                 critical=False,
-            ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            ).add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+            )
         else:
             builder = builder.add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
@@ -223,7 +226,12 @@ def test_grpcurl_speaks_tls_with_a_client_certificate(pki) -> None:
             )
 
         answered = call(
-            "-cacert", ca.ca_file, "-cert", str(with_cert.cert_file), "-key", str(with_cert.key_file)
+            "-cacert",
+            ca.ca_file,
+            "-cert",
+            str(with_cert.cert_file),
+            "-key",
+            str(with_cert.key_file),
         )
         assert answered.returncode == 0, answered.stderr
         assert json.loads(answered.stdout)["version"]

@@ -7,9 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from ctxbroker_client import Broker, find_binary, user
-
 from conftest import CONSTRAINT, REPO
+
+from ctxbroker_client import Broker, find_binary, user
 
 
 def test_the_client_reaches_a_daemon_on_a_unix_socket(tmp_path: Path) -> None:
