@@ -129,10 +129,11 @@ fn admit_prints_every_row_with_plausible_figures() {
     assert!(!out.contains("errors:"), "{out}");
     assert!(!out.contains("admission split"), "--no-split: {out}");
     // The rows of CPU per request that fits, against the session's size:
-    // each daemon, each size, a no-op row and an admission row.
+    // each daemon, each size, a no-op row and admission rows without and
+    // with an idempotency key.
     for daemon in ["durable", "relaxed"] {
         for size in ["100", "600"] {
-            for request in ["no-op", "admit"] {
+            for request in ["no-op", "admit", "admit+key"] {
                 let cells = out
                     .lines()
                     .map(|l| {

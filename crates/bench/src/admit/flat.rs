@@ -2,8 +2,10 @@
 //!
 //! For each size, one session is grown to that many live spans (turns of
 //! short tool outputs, under a window far above them, so nothing compacts),
-//! then one client alternates a no-op and a short unlabelled user message
-//! on it. The daemon's CPU time is read before and after each half of the
+//! then one client sends no-ops, then short unlabelled user messages, then
+//! the same messages each with an idempotency key, as the project's clients
+//! send every turn (the key row shows what the daemon's check that a key
+//! is new costs). The daemon's CPU time is read before and after each half of the
 //! measurement (no-ops alone, then admissions alone), so each row's CPU per
 //! request is the whole daemon's: gRPC, the session's turn, the store's
 //! writer and flusher, the engine's I/O threads. The no-op row is the
@@ -29,7 +31,7 @@ const WINDOW_TOKENS: u32 = 10_000_000;
 pub(super) struct FlatRow {
     /// The session's live spans when the measurement began.
     pub live_spans: usize,
-    /// What was sent: "no-op" or "admit".
+    /// What was sent: "no-op", "admit" or "admit+key".
     pub request: &'static str,
     /// Requests recorded.
     pub requests: usize,
@@ -86,6 +88,20 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         rows.push(row(size, "admit", &mut latencies, used.cpu_seconds));
+        let mut latencies = Vec::with_capacity(admissions);
+        let meter = PhaseMeter::start(pid)?;
+        for n in 0..admissions {
+            let key = format!("flat-{size}-{n}");
+            let t0 = Instant::now();
+            let compacted =
+                admit_keyed(&mut client, &session, shorts[n % shorts.len()], Some(key)).await?;
+            if compacted {
+                return Err(format!("{session} compacted; the row needs turns that fit").into());
+            }
+            latencies.push(t0.elapsed());
+        }
+        let used = meter.finish()?;
+        rows.push(row(size, "admit+key", &mut latencies, used.cpu_seconds));
     }
     Ok(rows)
 }
@@ -145,10 +161,23 @@ async fn grow(client: &mut Client, session: &str, size: usize) -> Result<(), Fai
 
 /// Admits one short user message; true when the admission compacted.
 async fn admit(client: &mut Client, session: &str, turn: &Turn) -> Result<bool, Failure> {
+    admit_keyed(client, session, turn, None).await
+}
+
+/// Admits one short user message with `key` as its idempotency key, if
+/// any; true when the admission compacted.
+async fn admit_keyed(
+    client: &mut Client,
+    session: &str,
+    turn: &Turn,
+    key: Option<String>,
+) -> Result<bool, Failure> {
+    let mut span = super::span(turn);
+    span.idempotency_key = key.unwrap_or_default();
     let reply = client
         .admit(pb::AdmitRequest {
             session_id: session.to_owned(),
-            spans: vec![super::span(turn)],
+            spans: vec![span],
         })
         .await?
         .into_inner();
@@ -156,17 +185,18 @@ async fn admit(client: &mut Client, session: &str, turn: &Turn) -> Result<bool, 
 }
 
 /// The rows as a markdown table, with each admission row's ratio to the
-/// no-op row at the same size and to the admission row at the first size.
+/// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
         "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size |\n|---|---|---|---|---|---|---|---|\n",
     );
-    let first_admit = rows
-        .iter()
-        .find(|r| r.request == "admit")
-        .map_or(f64::NAN, |r| r.cpu_us);
     for r in rows {
-        let (vs_noop, vs_first) = if r.request == "admit" {
+        // The same request at the first size.
+        let first_admit = rows
+            .iter()
+            .find(|f| f.request == r.request)
+            .map_or(f64::NAN, |f| f.cpu_us);
+        let (vs_noop, vs_first) = if r.request != "no-op" {
             let noop = rows
                 .iter()
                 .find(|n| n.live_spans == r.live_spans && n.request == "no-op")
