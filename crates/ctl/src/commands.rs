@@ -381,9 +381,7 @@ async fn approve(
         eprintln!("{}", view.table().trim_end());
     }
     if !view.verified {
-        return Err(CtlError::Usage(
-            "the verifier did not pass this plan; it cannot be committed as it is (see docs/operators.md, \"Answering an escalation\")".to_owned(),
-        ));
+        return Err(CtlError::Unverified);
     }
     if !args.yes {
         confirm(&format!(
@@ -499,10 +497,13 @@ async fn import(connection: &Connection, output: Output, args: ImportArgs) -> Re
             .inspect_err(|_| bar.abandon())?;
         let snapshot = pb::SessionSnapshot::decode(bytes.as_slice()).map_err(|e| {
             bar.abandon();
-            CtlError::Usage(format!(
-                "{}: not a session snapshot written by `ctxbrokerctl export`: {e}",
-                file.display()
-            ))
+            file_error(
+                file,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("not a session snapshot written by `ctxbrokerctl export`: {e}"),
+                ),
+            )
         })?;
         let id = snapshot.session_id.clone();
         let response = connection

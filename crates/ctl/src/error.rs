@@ -31,6 +31,11 @@ pub enum CtlError {
         /// Why.
         source: std::io::Error,
     },
+    /// The verifier did not pass the plan an approval would commit.
+    #[error(
+        "the verifier did not pass this plan; it cannot be committed as it is (see docs/operators.md, \"Answering an escalation\")"
+    )]
+    Unverified,
     /// The operator declined at the confirmation prompt.
     #[error("not confirmed; nothing was changed")]
     Declined,
@@ -52,15 +57,17 @@ impl From<tonic::Status> for CtlError {
 pub enum Exit {
     /// 0: done.
     Ok = 0,
-    /// 1: anything not below (a local file, a broken stream, an internal
-    /// error of the daemon, declined at the prompt).
+    /// 1: anything not below (a local file that cannot be read or is not
+    /// a snapshot, a broken stream, an internal error of the daemon,
+    /// declined at the prompt).
     Failed = 1,
     /// 2: a bad command line (clap's own code).
     Usage = 2,
     /// 3: the daemon could not be reached or did not answer in time.
     Unreachable = 3,
     /// 4: the daemon refused the request as it stands (invalid argument,
-    /// failed precondition, conflict, quota).
+    /// failed precondition, conflict, quota), or its plan did not pass
+    /// the verifier.
     Refused = 4,
     /// 5: the session or span does not exist.
     NotFound = 5,
@@ -92,6 +99,7 @@ impl CtlError {
                 _ => Exit::Failed,
             },
             CtlError::Connect { .. } => Exit::Unreachable,
+            CtlError::Unverified => Exit::Refused,
             CtlError::Usage(_) => Exit::Usage,
             CtlError::File { .. } | CtlError::Declined | CtlError::Stream(_) => Exit::Failed,
         }
