@@ -62,6 +62,18 @@ for env_dir in "$venv" "$venv_oldest"; do
   (cd clients/python && PATH=$env_dir/bin:$PATH python -m pytest -v -p no:cacheprovider)
 done
 
+echo "== clients: python framework adapters (their own environment, every framework required)"
+venv_adapters=${CTXBROKER_CLIENTS_VENV_ADAPTERS:-$root/target/clients/venv-adapters}
+if [ ! -x "$venv_adapters/bin/python" ]; then
+  python3 -m venv "$venv_adapters"
+fi
+"$venv_adapters/bin/python" -m pip install --quiet -r clients/python/requirements-adapters.txt
+"$venv_adapters/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall \
+  ./clients/python
+"$venv_adapters/bin/python" -m pip check
+(cd clients/python && PATH=$venv_adapters/bin:$PATH CTXBROKER_ADAPTER_TESTS=required \
+  python -m pytest -v -p no:cacheprovider -o addopts= tests/adapters)
+
 echo "== clients: node client tests (typed client, watcher, package)"
 # `npm ci` above built the package (its `prepare` script generates the
 # types from proto/ and compiles them); `npm test` type-checks and runs.
