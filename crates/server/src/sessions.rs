@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::facts::LiveFacts;
-use ctxbroker_core::session::{Change, Session, SessionRecord};
+use ctxbroker_core::session::{Change, Retraction, Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
@@ -98,6 +98,19 @@ impl Loaded {
             }
         };
         spans + facts_estimate(&self.session)
+    }
+
+    /// Adopts a retraction the store acknowledged; the estimate is made
+    /// afresh.
+    pub fn apply_retraction(&mut self, retraction: &Retraction) {
+        self.session.apply_retraction(retraction);
+        self.estimated = None;
+    }
+
+    /// Adopts a reset the store acknowledged.
+    pub fn apply_reset(&mut self, record: SessionRecord) {
+        self.session.apply_reset(record);
+        self.estimated = None;
     }
 
     /// Adopts a change the store acknowledged (`Session::apply`). A change
@@ -888,6 +901,7 @@ mod tests {
                 predicate: None,
                 relevance_hint: None,
                 idempotency_key: String::new(),
+                attributes: None,
             };
             let tokens = span.tokens(loaded.session.record.config.tokenizer, &ByteLength);
             let incoming = vec![span.labelled(tokens)];
