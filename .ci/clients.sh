@@ -6,6 +6,10 @@
 #     its tests twice, on the newest and on the oldest supported stack (the
 #     example agent loop and the cross-language watcher test, a Python and
 #     a Node watcher across a daemon restart, among them);
+#   - the framework adapters (OpenAI Agents SDK, LangChain, LlamaIndex):
+#     mypy --strict and their tests, each with its example agent, in an
+#     environment of their own (requirements-adapters.txt) where a missing
+#     framework fails the run;
 #   - the Node client's tests (clients/node): the typed TypeScript client
 #     (every RPC), the watcher, and the package as it would be published;
 #   - the README's "Walkthrough with grpcurl", every output it shows checked.
@@ -71,6 +75,7 @@ fi
 "$venv_adapters/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall \
   ./clients/python
 "$venv_adapters/bin/python" -m pip check
+(cd clients/python && PATH=$venv_adapters/bin:$PATH mypy --config-file mypy-adapters.ini)
 (cd clients/python && PATH=$venv_adapters/bin:$PATH CTXBROKER_ADAPTER_TESTS=required \
   python -m pytest -v -p no:cacheprovider -o addopts= tests/adapters)
 

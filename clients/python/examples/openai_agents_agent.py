@@ -129,8 +129,9 @@ def kubectl_apply(namespace: str, step: int) -> str:
 
 async def run(addr: str, session_id: str, steps: int, window: int) -> dict[str, Any]:
     model = StandInModel()
-    agent = Agent(name="deployer", instructions="Deploy with kubectl.", model=model,
-                  tools=[kubectl_apply])
+    agent = Agent(
+        name="deployer", instructions="Deploy with kubectl.", model=model, tools=[kubectl_apply]
+    )
     async with AsyncBroker(addr) as broker:
         session = await BrokerSession.open(broker, session_id, window_tokens=window)
         await Runner.run(agent, f"{CONSTRAINT} Roll out release 1.", session=session)

@@ -942,6 +942,24 @@ mod tests {
             .collect()
     }
 
+    /// The verifier's verdict on `plan` applied to `live`, for a turn of
+    /// `incoming` tokens continuing the exchanges `held`.
+    fn verdict_of(
+        live: &[Span],
+        plan: &Plan,
+        incoming: u64,
+        held: &[&str],
+        config: &SessionConfig,
+    ) -> crate::plan::Verdict {
+        let post = apply(live, plan);
+        let refs: Vec<&Span> = post.iter().collect();
+        let turn = crate::verify::Incoming {
+            tokens: incoming,
+            tool_calls: held,
+        };
+        crate::verify::verify_refs(live, None, plan, &refs, turn, config, &ByteLength)
+    }
+
     /// On random contexts and budgets, the plans never split an exchange,
     /// keep the exchanges the incoming turn holds, still fit, and pass
     /// the verifier; the verifier refuses the same plans with one span of
@@ -985,20 +1003,7 @@ mod tests {
                     );
                 }
             }
-            let post = apply(&live, &plan);
-            let refs: Vec<&Span> = post.iter().collect();
-            let verdict = crate::verify::verify_refs(
-                &live,
-                None,
-                &plan,
-                &refs,
-                crate::verify::Incoming {
-                    tokens: incoming,
-                    tool_calls: &held,
-                },
-                &config,
-                &ByteLength,
-            );
+            let verdict = verdict_of(&live, &plan, incoming, &held, &config);
             let fits = plan.tokens_after + incoming <= u64::from(config.budget_tokens());
             if fits {
                 assert!(verdict.passed(), "round {round}: {:?}", verdict.violations);
@@ -1023,20 +1028,7 @@ mod tests {
                 continue;
             }
             cut.tokens_after += u64::from(back.tokens);
-            let post = apply(&live, &cut);
-            let refs: Vec<&Span> = post.iter().collect();
-            let verdict = crate::verify::verify_refs(
-                &live,
-                None,
-                &cut,
-                &refs,
-                crate::verify::Incoming {
-                    tokens: incoming,
-                    tool_calls: &held,
-                },
-                &config,
-                &ByteLength,
-            );
+            let verdict = verdict_of(&live, &cut, incoming, &held, &config);
             assert!(
                 verdict
                     .violations
@@ -1069,20 +1061,7 @@ mod tests {
             tokens: live[1].tokens,
         }];
         let plan = crate::testing::plan(evicted, None, Vec::new());
-        let post = apply(&live, &plan);
-        let refs: Vec<&Span> = post.iter().collect();
-        let verdict = crate::verify::verify_refs(
-            &live,
-            None,
-            &plan,
-            &refs,
-            crate::verify::Incoming {
-                tokens: 0,
-                tool_calls: &["c1"],
-            },
-            &config,
-            &ByteLength,
-        );
+        let verdict = verdict_of(&live, &plan, 0, &["c1"], &config);
         assert!(
             verdict
                 .violations
@@ -1091,15 +1070,7 @@ mod tests {
             "{:?}",
             verdict.violations
         );
-        let verdict = crate::verify::verify_refs(
-            &live,
-            None,
-            &plan,
-            &refs,
-            crate::verify::Incoming::tokens(0),
-            &config,
-            &ByteLength,
-        );
+        let verdict = verdict_of(&live, &plan, 0, &[], &config);
         assert!(
             verdict
                 .violations

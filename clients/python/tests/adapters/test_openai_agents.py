@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ctxbroker_client import AsyncBroker, LocalDaemon
-
 from frameworks import framework
+
+from ctxbroker_client import AsyncBroker, LocalDaemon
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_agent.py"
 
@@ -22,6 +23,8 @@ def example() -> ModuleType:
     spec = importlib.util.spec_from_file_location("openai_agents_agent", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered first: the example's type hints are resolved through it.
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -35,7 +38,10 @@ def test_items_come_back_as_they_were_added(daemon: LocalDaemon) -> None:
     mod = adapter()
     items: list[Any] = [
         {"role": "user", "content": "Never write to the `prod` namespace; stage only."},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "ok", "annotations": []}],
+        },
         {
             "type": "function_call",
             "call_id": "call_1",

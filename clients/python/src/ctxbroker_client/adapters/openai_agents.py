@@ -136,12 +136,17 @@ class BrokerSession(SessionABC):
 
     @classmethod
     async def open(
-        cls, broker: AsyncBroker, session_id: str, *, window_tokens: int, **settings: object
+        cls,
+        broker: AsyncBroker,
+        session_id: str,
+        *,
+        window_tokens: int,
+        config: pb.SessionConfig | None = None,
     ) -> BrokerSession:
         """The session ``session_id``, created with ``window_tokens`` (and
-        any other setting of ``SessionConfig``) when it does not exist."""
+        the rest of ``config``) when it does not exist."""
         try:
-            await broker.create_session(session_id, window_tokens=window_tokens, **settings)
+            await broker.create_session(session_id, window_tokens=window_tokens, config=config)
         except BrokerError as err:
             if err.reason != "SESSION_EXISTS":
                 raise
