@@ -376,6 +376,18 @@ fn span_heap(span: &Span) -> usize {
     if let Some(original) = &span.original {
         bytes += heap(original.text.capacity());
     }
+    if let Some(attributes) = &span.attributes {
+        // The box, its two strings, and per metadata entry a B-tree slot
+        // (two strings' structs) and the strings' text.
+        bytes += heap(size_of_val(attributes.as_ref()))
+            + heap(attributes.tool_call_id.capacity())
+            + heap(attributes.tool_name.capacity())
+            + attributes
+                .metadata
+                .iter()
+                .map(|(k, v)| 2 * size_of::<String>() + heap(k.capacity()) + heap(v.capacity()))
+                .sum::<usize>();
+    }
     bytes
 }
 
