@@ -6,6 +6,10 @@
 #     its tests twice, on the newest and on the oldest supported stack (the
 #     example agent loop and the cross-language watcher test, a Python and
 #     a Node watcher across a daemon restart, among them);
+#   - the framework adapters (OpenAI Agents SDK, LangChain, LlamaIndex):
+#     mypy --strict and their tests, each with its example agent, in an
+#     environment of their own (requirements-adapters.txt) where a missing
+#     framework fails the run;
 #   - the Node client's tests (clients/node): the typed TypeScript client
 #     (every RPC), the watcher, and the package as it would be published;
 #   - the README's "Walkthrough with grpcurl", every output it shows checked.
@@ -61,6 +65,19 @@ for env_dir in "$venv" "$venv_oldest"; do
   echo "== clients: python client tests on $stack (with the agent loop and the cross-language watchers)"
   (cd clients/python && PATH=$env_dir/bin:$PATH python -m pytest -v -p no:cacheprovider)
 done
+
+echo "== clients: python framework adapters (their own environment, every framework required)"
+venv_adapters=${CTXBROKER_CLIENTS_VENV_ADAPTERS:-$root/target/clients/venv-adapters}
+if [ ! -x "$venv_adapters/bin/python" ]; then
+  python3 -m venv "$venv_adapters"
+fi
+"$venv_adapters/bin/python" -m pip install --quiet -r clients/python/requirements-adapters.txt
+"$venv_adapters/bin/python" -m pip install --quiet --no-build-isolation --no-deps --force-reinstall \
+  ./clients/python
+"$venv_adapters/bin/python" -m pip check
+(cd clients/python && PATH=$venv_adapters/bin:$PATH mypy --config-file mypy-adapters.ini)
+(cd clients/python && PATH=$venv_adapters/bin:$PATH CTXBROKER_ADAPTER_TESTS=required \
+  python -m pytest -v -p no:cacheprovider -o addopts= tests/adapters)
 
 echo "== clients: node client tests (typed client, watcher, package)"
 # `npm ci` above built the package (its `prepare` script generates the

@@ -13,6 +13,7 @@
 mod support;
 
 #[cfg(unix)]
+mod agents;
 mod auth;
 mod bad_input;
 mod burst;

@@ -94,6 +94,8 @@ const TABLE: &[(&str, Expect)] = &[
     ("GetServerInfo", Expect::NoSession),
     ("ExportSession", Expect::Denied),
     ("ImportSession", Expect::Denied),
+    ("RetractLastTurn", Expect::NotFound),
+    ("ResetSession", Expect::NotFound),
 ];
 
 /// Calls `rpc` about session `id`; the status when it fails. For the
@@ -214,6 +216,21 @@ async fn call(client: &mut Client, rpc: &str, id: &str, span_id: u64) -> Result<
                     session_id,
                     ..Default::default()
                 }),
+            })
+            .await
+            .map(drop),
+        "RetractLastTurn" => client
+            .retract_last_turn(pb::RetractLastTurnRequest {
+                session_id,
+                spans: 1,
+                expected_revision: None,
+            })
+            .await
+            .map(drop),
+        "ResetSession" => client
+            .reset_session(pb::ResetSessionRequest {
+                session_id,
+                expected_revision: None,
             })
             .await
             .map(drop),

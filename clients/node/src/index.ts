@@ -115,7 +115,9 @@ type UnaryMethod =
   | 'selectTrigger'
   | 'getServerInfo'
   | 'exportSession'
-  | 'importSession';
+  | 'importSession'
+  | 'retractLastTurn'
+  | 'resetSession';
 
 type UnaryCall = (
   request: unknown,
@@ -219,6 +221,28 @@ export class Broker {
   /** Deletes a session and everything it holds. */
   deleteSession(sessionId: string, settings?: CallSettings): Promise<pb.DeleteSessionResponse> {
     return this.unary('deleteSession', pb.DeleteSessionRequest.fromPartial({ sessionId }), sessionId, settings);
+  }
+
+  /**
+   * Takes back the newest `spans` live spans (0: every live span of the
+   * newest turn), optionally only if the session is still at
+   * `expectedRevision`. An agent's undo of its last item or turn.
+   */
+  retractLastTurn(
+    request: DeepPartial<pb.RetractLastTurnRequest>,
+    settings?: CallSettings,
+  ): Promise<pb.RetractLastTurnResponse> {
+    const message = pb.RetractLastTurnRequest.fromPartial(request);
+    return this.unary('retractLastTurn', message, message.sessionId, settings);
+  }
+
+  /** Empties a session (live spans, archive, keys), keeping its configuration. */
+  resetSession(
+    request: DeepPartial<pb.ResetSessionRequest>,
+    settings?: CallSettings,
+  ): Promise<pb.ResetSessionResponse> {
+    const message = pb.ResetSessionRequest.fromPartial(request);
+    return this.unary('resetSession', message, message.sessionId, settings);
   }
 
   /**

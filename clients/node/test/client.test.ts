@@ -138,6 +138,23 @@ test('every RPC through the typed client, with the session header and typed erro
   assert.deepEqual(restored.spans.map((s) => [s.spanId, s.text]), before.spans.map((s) => [s.spanId, s.text]));
   assert.ok(restored.spans.some((s) => s.text === CONSTRAINT));
 
+  // Tool exchanges and their attributes; taking the newest span back;
+  // a reset that keeps the configuration.
+  const tooled = await broker.admit('ts', [
+    { role: pb.Role.ROLE_ASSISTANT, text: 'kubectl get pods', toolCallId: 'call_1', toolName: 'kubectl', metadata: { 'app.id': 'm1' } },
+    { role: pb.Role.ROLE_TOOL, text: 'web-1 Running', toolCallId: 'call_1', toolName: 'kubectl' },
+  ]);
+  assert.equal(tooled.spans[0].toolCallId, 'call_1');
+  assert.deepEqual(tooled.spans[0].metadata, { 'app.id': 'm1' });
+  const taken = await broker.retractLastTurn({ sessionId: 'ts', spans: 1 });
+  assert.deepEqual(taken.spans.map((s) => s.spanId), [tooled.spans[1].spanId]);
+  const notRetractable = await broker.retractLastTurn({ sessionId: 'ts', spans: 10_000 }).catch((e: unknown) => e);
+  assert.ok(notRetractable instanceof BrokerError);
+  const reset = await broker.resetSession({ sessionId: 'ts' });
+  assert.equal(reset.session?.totals?.liveSpans, 0);
+  assert.equal(reset.session?.config?.windowTokens, 400);
+  assert.equal((await broker.getContext('ts')).spans.length, 0);
+
   // A bad request: INVALID_ARGUMENT naming the field.
   const bad = await broker.getContext('').catch((e: unknown) => e);
   assert.ok(bad instanceof BrokerError);

@@ -232,6 +232,7 @@ fn measure(
         next_span_id: session.record.next_span_id + incoming.len() as u64,
         now_ms: NOW_MS,
         target_tokens: None,
+        held_tool_calls: &[],
     };
     let (mut plan_t, mut apply_t, mut verify_t) = (Vec::new(), Vec::new(), Vec::new());
     let mut plan = None;
@@ -560,6 +561,7 @@ fn admitted(id: u64, turn: u64, role: Role, text: String, c: &dyn TokenCounter) 
         relevance_hint: None,
         admitted_at_ms: NOW_MS - 3_600_000 + turn,
         original: None,
+        attributes: None,
     }
 }
 
@@ -675,6 +677,7 @@ pub fn workload(n: usize, c: &'static dyn TokenCounter) -> (Session, Vec<Incomin
         predicate: None,
         relevance_hint: None,
         unclassified: true,
+        attributes: None,
     }];
 
     // A window whose budget holds the live spans and half the turn.

@@ -200,6 +200,7 @@ async fn populate(store: &Store, texts: &[String], batch: usize) -> Result<(), F
                     relevance_hint: None,
                     admitted_at_ms: 1,
                     original: None,
+                    attributes: None,
                 }
             })
             .collect();

@@ -21,7 +21,7 @@ use crate::span::{
     SpanId,
 };
 use crate::tokens::TokenCounter;
-use crate::verify::verify_refs;
+use crate::verify::{Incoming, verify_refs};
 
 /// What an admission needs to know.
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +174,11 @@ pub(crate) fn decide_with<'f, T>(
         .map(|s| s.text.as_str())
         .collect::<Vec<_>>()
         .join("\n");
+    let held: Vec<&str> = input
+        .incoming
+        .iter()
+        .filter_map(Span::tool_call_id)
+        .collect();
     let plan_input = PlanInput {
         config,
         live: input.live,
@@ -183,13 +188,18 @@ pub(crate) fn decide_with<'f, T>(
         next_span_id: input.next_span_id,
         now_ms: input.now_ms,
         target_tokens: None,
+        held_tool_calls: &held,
     };
     let facts = facts();
     let plan = plan_described(&plan_input, facts, counter);
     let made = made_spans(input.live, &plan);
     let rows = LiveRow::of_spans(facts, input.live);
     let post = apply_refs(input.live, &rows, &plan, &made);
-    let verdict = verify_refs(input.live, facts, &plan, &post, incoming, config, counter);
+    let turn = Incoming {
+        tokens: incoming,
+        tool_calls: &held,
+    };
+    let verdict = verify_refs(input.live, facts, &plan, &post, turn, config, counter);
     if verdict.passed() {
         Decision::Compact(compact(plan, &post, verdict))
     } else {

@@ -115,6 +115,22 @@ pub struct SessionConfig {
     /// The session's adjustments to the classifier: its pin threshold and
     /// phrases of its own domain.
     pub classifier_tuning: ClassifierTuning,
+    /// How the summaries the broker writes stand in the context.
+    pub summary_presentation: SummaryPresentation,
+    /// Under [`SummaryPresentation::User`], what a summary's text starts
+    /// with; empty means [`defaults::SUMMARY_PREFIX`].
+    pub summary_prefix: String,
+}
+
+/// How the summaries a compaction writes stand in the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SummaryPresentation {
+    /// A system span holding the summary as written.
+    #[default]
+    System,
+    /// A user span whose text starts with the session's summary prefix,
+    /// for providers that accept system text only at the start.
+    User,
 }
 
 /// Defaults for the optional fields of a configuration.
@@ -129,6 +145,8 @@ pub mod defaults {
     pub const MAX_SUMMARY_GENERATIONS: u32 = 3;
     /// The cap on the default summary size.
     pub const SUMMARY_MAX_TOKENS_CAP: u32 = 4096;
+    /// What a summary presented as a user span starts with.
+    pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation:";
 }
 
 impl SessionConfig {
@@ -153,6 +171,25 @@ impl SessionConfig {
             relevance: RelevanceWeights::default(),
             anchor_budget_tokens: 0,
             classifier_tuning: ClassifierTuning::default(),
+            summary_presentation: SummaryPresentation::System,
+            summary_prefix: String::new(),
+        }
+    }
+
+    /// What a summary presented as a user span starts with.
+    pub fn effective_summary_prefix(&self) -> &str {
+        if self.summary_prefix.is_empty() {
+            defaults::SUMMARY_PREFIX
+        } else {
+            &self.summary_prefix
+        }
+    }
+
+    /// The role a summary written now takes.
+    pub fn summary_role(&self) -> crate::span::Role {
+        match self.summary_presentation {
+            SummaryPresentation::System => crate::span::Role::System,
+            SummaryPresentation::User => crate::span::Role::User,
         }
     }
 

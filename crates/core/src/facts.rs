@@ -88,6 +88,8 @@ pub(crate) struct LiveRow {
     pub(crate) class: SpanClass,
     /// Whether it records what it summarises (`Span::summary`).
     pub(crate) summarises: bool,
+    /// Whether it belongs to a tool exchange (`Span::tool_call_id`).
+    pub(crate) exchange: bool,
 }
 
 impl LiveRow {
@@ -104,6 +106,7 @@ impl LiveRow {
             tokens: span.tokens,
             class: span.class(),
             summarises: span.summary.is_some(),
+            exchange: span.tool_call_id().is_some(),
         }
     }
 
@@ -133,6 +136,7 @@ impl LiveRow {
             && self.tokens == fresh.tokens
             && self.class == fresh.class
             && self.summarises == fresh.summarises
+            && self.exchange == fresh.exchange
     }
 
     /// The rows of `spans`: those `facts` keep when given (the caller
@@ -668,6 +672,12 @@ mod tests {
             predicate: None,
             relevance_hint: (rng.index(5) == 0).then(|| rng.index(100) as f64 / 100.0),
             unclassified: false,
+            attributes: (rng.index(6) == 0).then(|| {
+                Box::new(crate::span::Attributes {
+                    tool_call_id: format!("call_{}", rng.index(4)),
+                    ..Default::default()
+                })
+            }),
         }
     }
 
@@ -740,6 +750,7 @@ mod tests {
             next_span_id: session.record.next_span_id,
             now_ms: 99,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let with = plan_with(&input, Some(kept), &ByteLength);
         let without = plan(&input, &ByteLength);

@@ -11,6 +11,7 @@
 pub mod admission;
 pub mod classify;
 pub mod config;
+mod exchange;
 pub mod facts;
 pub mod marker;
 pub mod plan;

@@ -83,6 +83,9 @@ pub enum ViolationKind {
     AnchorMissing,
     /// The post-state does not follow from the pre-state and the plan.
     PlanInconsistent,
+    /// A tool exchange is evicted in part, or evicted while the turn
+    /// being admitted holds it.
+    ToolExchangeSplit,
 }
 
 /// One thing wrong with a plan.

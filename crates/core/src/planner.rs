@@ -52,14 +52,15 @@
 //! Compression, when needed, costs one pass of the compressor over each
 //! constraint and one sort.
 
-use crate::config::SessionConfig;
+use crate::config::{SessionConfig, SummaryPresentation};
+use crate::exchange::Exchanges;
 use crate::facts::{LiveFacts, LiveRow};
 use crate::fasthash::{self, FastMap, IdSet};
 use crate::plan::{CompressedForm, Eviction, EvictionReason, Plan};
 use crate::predicate::{check, compress};
 use crate::relevance::{score, score_with};
 use crate::span::{
-    ClassSource, Classification, OriginalForm, Role, Span, SpanClass, SpanId, SummaryInfo,
+    ClassSource, Classification, OriginalForm, Span, SpanClass, SpanId, SummaryInfo,
 };
 use crate::summary::{SummaryLimits, summarize_owing};
 use crate::text::{OwedAnchors, required_anchors};
@@ -90,6 +91,9 @@ pub struct PlanInput<'a> {
     /// A live total to aim at instead of the soft watermark; capped at the
     /// budget.
     pub target_tokens: Option<u64>,
+    /// The tool call ids of the turn being admitted: the live spans of
+    /// those exchanges are kept (see [`crate::exchange`]).
+    pub held_tool_calls: &'a [&'a str],
 }
 
 /// The tokens a constraint was pinned with: its original form's, when it
@@ -213,13 +217,29 @@ pub(crate) fn plan_described(
     let mut below_floor = 0;
     let mut before: u64 = 0;
     let mut key_tokens: u64 = 0;
+    // The spans of a tool exchange go together: each takes the exchange's
+    // key (its highest relevance, its first position), so that they stand
+    // side by side in the order, and an exchange that may not go is kept.
+    let exchanges = Exchanges::of(live, rows, input.held_tool_calls);
+    let exchange_key: Vec<(f64, u64)> = (0..exchanges.iter().count())
+        .map(|g| {
+            let members = exchanges.members(g);
+            let rel = members.iter().map(|&i| relevance[i]).fold(0.0, f64::max);
+            let pos = members.iter().map(|&i| rows[i].position).min().unwrap_or(0);
+            (rel, pos)
+        })
+        .collect();
     for (i, s) in rows.iter().enumerate() {
         before += u64::from(s.tokens);
-        if s.is_protected() {
+        if s.is_protected() && !s.exchange {
             tier.push(i);
-        } else if !s.is_pinned() {
-            keys.push((relevance[i].to_bits(), s.position, i));
-            below_floor += usize::from(relevance[i] < floor);
+        } else if !s.is_pinned() && exchanges.may_evict(i) && !s.is_protected() {
+            let (rel, pos) = match exchanges.group(i) {
+                Some(g) => exchange_key[g],
+                None => (relevance[i], s.position),
+            };
+            keys.push((rel.to_bits(), pos, i));
+            below_floor += usize::from(rel < floor);
             key_tokens += u64::from(s.tokens);
         }
     }
@@ -299,13 +319,24 @@ pub(crate) fn plan_described(
                 && needed.saturating_add(anchor_room(evicted, carried)) <= budget
         })
     };
-    let (count, goal, exhausted) = match first_fit(target, &mut order) {
+    let (mut count, goal, exhausted) = match first_fit(target, &mut order) {
         Some(k) => (k, target, false),
         None => match first_fit(budget, &mut order) {
             Some(k) => (k, budget, false),
             None => (candidates, budget, true),
         },
     };
+    // An exchange the fit would cut goes whole: its spans are next in the
+    // order, and evicting more only leaves more room.
+    if !exchanges.is_empty() {
+        while count > 0 && count < candidates {
+            let last = exchanges.group(order.get(count - 1));
+            if last.is_none() || last != exchanges.group(order.get(count)) {
+                break;
+            }
+            count += 1;
+        }
+    }
     let evicted_tokens = extend_to(count, &mut order).0;
 
     let mut chosen: Vec<(usize, EvictionReason)> =
@@ -558,10 +589,18 @@ fn write_summary_owing(
     slot: SummarySlot,
     counter: &dyn TokenCounter,
 ) -> WrittenSummary {
-    let max = u32::try_from(room.tokens).unwrap_or(u32::MAX);
+    // A summary presented as a user span starts with the session's
+    // prefix, on a line of its own: its tokens come out of the room.
+    let prefix = match config.summary_presentation {
+        SummaryPresentation::System => None,
+        SummaryPresentation::User => Some(format!("{}\n", config.effective_summary_prefix())),
+    };
+    let prefix_tokens = prefix.as_deref().map_or(0, |p| u64::from(counter.count(p)));
+    let max = u32::try_from(room.tokens.saturating_sub(prefix_tokens)).unwrap_or(u32::MAX);
     let limits = SummaryLimits {
         max_tokens: max,
-        prose_tokens: u32::try_from(room.prose_tokens).unwrap_or(u32::MAX),
+        prose_tokens: u32::try_from(room.prose_tokens.saturating_sub(prefix_tokens))
+            .unwrap_or(u32::MAX),
         anchor_tokens: config.effective_anchor_budget_tokens().min(max),
     };
     let draft = summarize_owing(
@@ -583,17 +622,25 @@ fn write_summary_owing(
         .filter_map(|s| s.summary.as_ref())
         .fold(0u32, |n, info| n.saturating_add(info.anchors_dropped));
     let anchors_carried = u32::try_from(draft.anchors.len()).unwrap_or(u32::MAX);
+    let (text, tokens) = match prefix {
+        None => (draft.text, draft.tokens),
+        Some(mut text) => {
+            text.push_str(&draft.text);
+            let tokens = counter.count(&text);
+            (text, tokens)
+        }
+    };
     let span = Span {
         id: slot.id,
         position: evicted.iter().map(|s| s.position).min().unwrap_or(0),
-        role: Role::System,
+        role: config.summary_role(),
         classification: Classification {
             class: SpanClass::Summary,
             source: ClassSource::Broker,
             rule: String::new(),
         },
-        text: draft.text,
-        tokens: draft.tokens,
+        text,
+        tokens,
         generation: draft.generation,
         turn: slot.turn,
         predicate: None,
@@ -605,6 +652,7 @@ fn write_summary_owing(
         relevance_hint: None,
         admitted_at_ms: slot.now_ms,
         original: None,
+        attributes: None,
     };
     WrittenSummary {
         span: Some(span),
@@ -734,7 +782,9 @@ pub fn compressed_span(span: &Span, text: &str, tokens: u32) -> Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::ViolationKind;
     use crate::relevance::RelevanceWeights;
+    use crate::span::Role;
     use crate::tokens::ByteLength;
 
     fn span(id: u64, turn: u64, role: Role, text: &str) -> Span {
@@ -786,6 +836,7 @@ mod tests {
             next_span_id: 100,
             now_ms: 7,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let plan = plan(&input, &ByteLength);
         assert!(!plan.evicted.is_empty());
@@ -823,8 +874,209 @@ mod tests {
             next_span_id: 1_000,
             now_ms: 7,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         plan(&input, &ByteLength)
+    }
+
+    /// A live context of tool exchanges (a call, then its result, some in
+    /// the same turn, some a few spans apart), plain tool outputs between
+    /// them, and a constraint, drawn at random.
+    fn exchange_session(rng: &mut crate::testing::Rng, n: u64) -> Vec<Span> {
+        let mut live = vec![span(
+            1,
+            1,
+            Role::User,
+            "Never write to the `prod` namespace.",
+        )];
+        let mut open: Vec<String> = Vec::new();
+        for id in 2..n {
+            let body = format!("step {id} output {}", "x".repeat(20 + rng.index(200)));
+            let mut s = span(id, id / 3, Role::Tool, &body);
+            match rng.index(4) {
+                0 => {
+                    s.role = Role::Assistant;
+                    let call = format!("call_{id}");
+                    s.attributes = Some(Box::new(crate::span::Attributes {
+                        tool_call_id: call.clone(),
+                        tool_name: "shell".into(),
+                        ..Default::default()
+                    }));
+                    open.push(call);
+                }
+                1 if !open.is_empty() => {
+                    let call = open.remove(rng.index(open.len()));
+                    s.attributes = Some(Box::new(crate::span::Attributes {
+                        tool_call_id: call,
+                        ..Default::default()
+                    }));
+                }
+                _ => {}
+            }
+            if rng.index(7) == 0 {
+                s.relevance_hint = Some(rng.index(100) as f64 / 100.0);
+            }
+            live.push(s);
+        }
+        live
+    }
+
+    /// Every id's live spans are evicted all or none.
+    fn split_exchanges(live: &[Span], plan: &Plan) -> Vec<String> {
+        let evicted = evicted_ids(plan);
+        let mut state: std::collections::BTreeMap<&str, (bool, bool)> = Default::default();
+        for s in live {
+            if let Some(id) = s.tool_call_id() {
+                let e = state.entry(id).or_default();
+                if evicted.contains(s.id) {
+                    e.0 = true;
+                } else {
+                    e.1 = true;
+                }
+            }
+        }
+        state
+            .into_iter()
+            .filter(|(_, (gone, kept))| *gone && *kept)
+            .map(|(id, _)| id.to_owned())
+            .collect()
+    }
+
+    /// The verifier's verdict on `plan` applied to `live`, for a turn of
+    /// `incoming` tokens continuing the exchanges `held`.
+    fn verdict_of(
+        live: &[Span],
+        plan: &Plan,
+        incoming: u64,
+        held: &[&str],
+        config: &SessionConfig,
+    ) -> crate::plan::Verdict {
+        let post = apply(live, plan);
+        let refs: Vec<&Span> = post.iter().collect();
+        let turn = crate::verify::Incoming {
+            tokens: incoming,
+            tool_calls: held,
+        };
+        crate::verify::verify_refs(live, None, plan, &refs, turn, config, &ByteLength)
+    }
+
+    /// On random contexts and budgets, the plans never split an exchange,
+    /// keep the exchanges the incoming turn holds, still fit, and pass
+    /// the verifier; the verifier refuses the same plans with one span of
+    /// an evicted exchange put back.
+    #[test]
+    fn tool_exchanges_go_whole_or_stay() {
+        let mut rng = crate::testing::Rng(0xe8c4_a11e_0000_0001);
+        let (mut evicting, mut caught) = (0, 0);
+        for round in 0..300 {
+            let n = 20 + rng.below(80);
+            let live = exchange_session(&mut rng, n);
+            let total: u64 = live.iter().map(|s| u64::from(s.tokens)).sum();
+            let mut config = SessionConfig::with_window(1_000);
+            config.window_tokens = (total as f64 / 0.85) as u32 + rng.below(50) as u32;
+            let calls: Vec<&str> = live.iter().filter_map(Span::tool_call_id).collect();
+            let held: Vec<&str> = calls
+                .iter()
+                .copied()
+                .filter(|_| rng.below(5) == 0)
+                .collect();
+            let incoming = 50 + rng.below(total / 2);
+            let input = PlanInput {
+                config: &config,
+                live: &live,
+                incoming_tokens: incoming,
+                query: "step output",
+                turn: 100,
+                next_span_id: 1_000,
+                now_ms: 7,
+                target_tokens: None,
+                held_tool_calls: &held,
+            };
+            let plan = plan(&input, &ByteLength);
+            assert!(split_exchanges(&live, &plan).is_empty(), "round {round}");
+            let evicted = evicted_ids(&plan);
+            for s in &live {
+                if let Some(id) = s.tool_call_id() {
+                    assert!(
+                        !(held.contains(&id) && evicted.contains(s.id)),
+                        "round {round}: held exchange {id} evicted"
+                    );
+                }
+            }
+            let verdict = verdict_of(&live, &plan, incoming, &held, &config);
+            let fits = plan.tokens_after + incoming <= u64::from(config.budget_tokens());
+            if fits {
+                assert!(verdict.passed(), "round {round}: {:?}", verdict.violations);
+            }
+            // Put back one evicted span of an exchange: the plan now
+            // splits it, and the verifier must say so.
+            let Some(at) = plan.evicted.iter().position(|e| {
+                live.iter()
+                    .any(|s| s.id == e.span_id && s.tool_call_id().is_some())
+            }) else {
+                continue;
+            };
+            evicting += 1;
+            let mut cut = plan.clone();
+            let back = cut.evicted.remove(at);
+            let exchange = live
+                .iter()
+                .find(|s| s.id == back.span_id)
+                .and_then(Span::tool_call_id);
+            let whole = live.iter().filter(|s| s.tool_call_id() == exchange).count();
+            if whole < 2 {
+                continue;
+            }
+            cut.tokens_after += u64::from(back.tokens);
+            let verdict = verdict_of(&live, &cut, incoming, &held, &config);
+            assert!(
+                verdict
+                    .violations
+                    .iter()
+                    .any(|v| v.kind == ViolationKind::ToolExchangeSplit
+                        && v.span_id == Some(back.span_id)),
+                "round {round}: {:?}",
+                verdict.violations
+            );
+            caught += 1;
+        }
+        assert!(evicting > 100 && caught > 50, "{evicting} {caught}");
+    }
+
+    /// The verifier refuses a plan that evicts an exchange the incoming
+    /// turn continues, even whole.
+    #[test]
+    fn an_exchange_the_turn_holds_may_not_go() {
+        let mut call = span(2, 1, Role::Assistant, "call the shell");
+        call.attributes = Some(Box::new(crate::span::Attributes {
+            tool_call_id: "c1".into(),
+            ..Default::default()
+        }));
+        let live = vec![span(1, 1, Role::Tool, "plain output"), call];
+        let config = SessionConfig::with_window(1_000);
+        let evicted = vec![Eviction {
+            span_id: 2,
+            relevance: 0.0,
+            reason: EvictionReason::Budget,
+            tokens: live[1].tokens,
+        }];
+        let plan = crate::testing::plan(evicted, None, Vec::new());
+        let verdict = verdict_of(&live, &plan, 0, &["c1"], &config);
+        assert!(
+            verdict
+                .violations
+                .iter()
+                .any(|v| v.kind == ViolationKind::ToolExchangeSplit),
+            "{:?}",
+            verdict.violations
+        );
+        let verdict = verdict_of(&live, &plan, 0, &[], &config);
+        assert!(
+            verdict
+                .violations
+                .iter()
+                .all(|v| v.kind != ViolationKind::ToolExchangeSplit)
+        );
     }
 
     /// The tier outlives every narrative span, even the most relevant: the
@@ -919,6 +1171,7 @@ mod tests {
             next_span_id: 21,
             now_ms: 99,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let p = plan(&input, &ByteLength);
         assert_eq!(p.tokens_before, before);
@@ -970,6 +1223,7 @@ mod tests {
             next_span_id: 6,
             now_ms: 0,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let p = plan(&input, &ByteLength);
         assert_eq!(p.evicted.len(), 1);
@@ -991,6 +1245,7 @@ mod tests {
             next_span_id: 4,
             now_ms: 0,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let p = plan(&input, &ByteLength);
         assert!(p.evicted.is_empty() && p.summary.is_none());
@@ -1018,6 +1273,7 @@ mod tests {
             next_span_id: 7,
             now_ms: 0,
             target_tokens: Some(100),
+            held_tool_calls: &[],
         };
         let p = plan(&input, &ByteLength);
         assert_eq!(p.target_tokens, u64::from(config.budget_tokens()));

@@ -1,5 +1,7 @@
 //! Spans: the units of content in a session's context.
 
+use std::collections::BTreeMap;
+
 /// A span's id, unique within its session, assigned on admission in
 /// increasing order.
 pub type SpanId = u64;
@@ -114,6 +116,40 @@ pub struct OriginalForm {
     pub tokens: u32,
 }
 
+/// What a caller attached to a span besides its text, kept and returned
+/// as given. Of it the policy reads only `tool_call_id`: the live spans of
+/// a session sharing one form a tool exchange (a call and its result),
+/// which a compaction evicts whole or not at all, since a result without
+/// its call, or a call without its result, is refused by the model
+/// providers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attributes {
+    /// The tool exchange the span belongs to; empty for none.
+    pub tool_call_id: String,
+    /// The tool's name, on a call or a result.
+    pub tool_name: String,
+    /// The caller's own attributes, in key order.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Attributes {
+    /// Whether there is nothing to keep.
+    pub fn is_empty(&self) -> bool {
+        self.tool_call_id.is_empty() && self.tool_name.is_empty() && self.metadata.is_empty()
+    }
+
+    /// The bytes of text held: what a storage quota counts.
+    pub fn text_bytes(&self) -> usize {
+        self.tool_call_id.len()
+            + self.tool_name.len()
+            + self
+                .metadata
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
 /// One unit of content in a session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Span {
@@ -147,6 +183,9 @@ pub struct Span {
     pub admitted_at_ms: u64,
     /// For a compressed constraint: the form it was admitted in.
     pub original: Option<OriginalForm>,
+    /// What the caller attached to it, when anything (boxed: most spans
+    /// carry none).
+    pub attributes: Option<Box<Attributes>>,
 }
 
 impl Span {
@@ -163,5 +202,13 @@ impl Span {
     /// Whether the span is in the standing-instructions tier.
     pub fn is_protected(&self) -> bool {
         self.classification.class == SpanClass::Protected
+    }
+
+    /// The tool exchange the span belongs to, when it belongs to one.
+    pub fn tool_call_id(&self) -> Option<&str> {
+        self.attributes
+            .as_deref()
+            .map(|a| a.tool_call_id.as_str())
+            .filter(|id| !id.is_empty())
     }
 }

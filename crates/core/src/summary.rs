@@ -654,6 +654,7 @@ mod tests {
             relevance_hint: None,
             admitted_at_ms: 0,
             original: None,
+            attributes: None,
         }
     }
 

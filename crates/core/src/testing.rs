@@ -25,6 +25,7 @@ pub(crate) fn admitted(id: u64, turn: u64, role: Role, text: &str) -> Span {
         relevance_hint: None,
         admitted_at_ms: 0,
         original: None,
+        attributes: None,
     }
 }
 

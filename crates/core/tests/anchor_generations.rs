@@ -83,6 +83,7 @@ fn narrative(role: Role, text: String) -> Incoming {
         predicate: None,
         relevance_hint: None,
         unclassified: false,
+        attributes: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn constraint(text: &str) -> Incoming {
         predicate: Some(derive(text, None)),
         relevance_hint: None,
         unclassified: false,
+        attributes: None,
     }
 }
 
@@ -419,6 +421,7 @@ fn equally_salient_sentences_are_chosen_the_same_way_every_time() {
             relevance_hint: None,
             admitted_at_ms: 0,
             original: None,
+            attributes: None,
         };
         spans.push(span);
     }

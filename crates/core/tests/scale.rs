@@ -55,6 +55,7 @@ fn session(n: u64) -> (SessionConfig, Vec<Span>) {
             relevance_hint: None,
             admitted_at_ms: 0,
             original: None,
+            attributes: None,
         });
     }
     let config = SessionConfig::with_window((total as f64 / 0.85) as u32 + 1);
@@ -74,6 +75,7 @@ fn run(n: u64) -> Duration {
         next_span_id: n + 1,
         now_ms: 0,
         target_tokens: None,
+        held_tool_calls: &[],
     };
     let start = Instant::now();
     let p = plan(&input, c);

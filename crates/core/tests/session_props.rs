@@ -309,6 +309,7 @@ fn incoming(role: Role, text: String, class: Option<SpanClass>) -> Incoming {
         predicate,
         relevance_hint: None,
         unclassified: class.is_none(),
+        attributes: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn valid(s: Session, compress_mask: u64) -> Option<Valid> {
         now_ms: 1,
         // Aim at half the narrative, so that something is evicted.
         target_tokens: Some(pinned + incoming + (s.live_tokens() - pinned) / 2),
+        held_tool_calls: &[],
     };
     let mut p = plan(&input, c);
     // Compress some constraints with the built-in compressor — allowed only

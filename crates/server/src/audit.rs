@@ -36,6 +36,10 @@ pub enum Action {
     CommitCompaction,
     /// A session and everything it held were deleted.
     DeleteSession,
+    /// A session's newest spans were taken back.
+    RetractLastTurn,
+    /// A session was emptied, its configuration kept.
+    ResetSession,
     /// A session was exported.
     ExportSession,
     /// A session was imported.

@@ -109,7 +109,7 @@ impl Allowed {
 /// gRPC path, with the roles that may call it. A unit test holds it to
 /// the service in the contract, so an RPC added there and not here fails
 /// the build's tests.
-pub const RPCS: [(&str, Allowed); 20] = [
+pub const RPCS: [(&str, Allowed); 22] = [
     ("CreateSession", Allowed::Writers),
     ("GetSession", Allowed::Readers),
     ("ListSessions", Allowed::Readers),
@@ -130,6 +130,8 @@ pub const RPCS: [(&str, Allowed); 20] = [
     ("GetServerInfo", Allowed::Readers),
     ("ExportSession", Allowed::Operators),
     ("ImportSession", Allowed::Operators),
+    ("RetractLastTurn", Allowed::Writers),
+    ("ResetSession", Allowed::Writers),
 ];
 
 /// Who may call the broker method `method`; `None` for a name the

@@ -18,7 +18,7 @@ use ctxbroker_core::marker::{CompactionTrigger, Marker};
 use ctxbroker_core::session::{
     CallerEdits, Change, Incoming, PlanId, PlanOutcome, Rejection, Session, SessionRecord,
 };
-use ctxbroker_core::span::{Role, SpanClass};
+use ctxbroker_core::span::{Attributes, Role, SpanClass};
 use ctxbroker_core::tokens::TokenCounter;
 use ctxbroker_core::{Span, SpanId, tokens};
 use ctxbroker_store::{SpanState, Store, StoredSpan, WriteOp};
@@ -72,6 +72,8 @@ pub struct TurnSpan {
     pub relevance_hint: Option<f64>,
     /// The caller's idempotency key; empty when none.
     pub idempotency_key: String,
+    /// What the caller attached to it, when anything.
+    pub attributes: Option<Box<Attributes>>,
 }
 
 impl TurnSpan {
@@ -98,6 +100,7 @@ impl TurnSpan {
             predicate,
             relevance_hint: self.relevance_hint,
             unclassified: self.class.is_none(),
+            attributes: self.attributes,
         }
     }
 }
@@ -302,6 +305,11 @@ impl Broker {
                 detail,
             },
             Rejection::NothingToCommit => ApiError::NothingToCommit { session_id },
+            Rejection::NotRetractable { span_id, detail } => ApiError::NotRetractable {
+                session_id,
+                span_id,
+                detail,
+            },
         }
     }
 
@@ -443,6 +451,90 @@ impl Broker {
             "session deleted"
         );
         Ok(ack.spans_deleted)
+    }
+
+    /// Takes back the session's newest `count` live spans (0: its newest
+    /// turn's), when its revision is `expected_revision` if one is given.
+    /// Returns the spans taken back and the record after.
+    pub async fn retract(
+        &self,
+        id: &str,
+        count: usize,
+        expected_revision: Option<u64>,
+    ) -> Result<(Vec<Span>, SessionRecord), ApiError> {
+        let tenant = tenant::tenant_of(id);
+        self.quotas.load(&self.store, tenant).await?;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        check_expected(&loaded, expected_revision)?;
+        let retraction = match loaded.session.retract(count, now_ms()) {
+            Ok(retraction) => retraction,
+            Err(rejection) => return Err(self.reject(&mut loaded, rejection).await),
+        };
+        let freed: i64 = (retraction.spans.iter())
+            .map(|s| i64::try_from(ctxbroker_store::text_bytes(s)).unwrap_or(i64::MAX))
+            .sum();
+        loaded.stale = true;
+        self.store
+            .write(WriteOp::Retract {
+                expected_revision: retraction.expected_revision,
+                record: retraction.record.clone(),
+                spans: retraction.spans.clone(),
+            })
+            .await?;
+        loaded.apply_retraction(&retraction);
+        loaded.stale = false;
+        if self.quotas.counts_bytes(tenant) {
+            self.quotas.settle(tenant, -freed, None);
+        }
+        let record = loaded.session.record.clone();
+        info!(
+            session_id = id,
+            spans = retraction.spans.len(),
+            revision = record.revision,
+            "spans taken back"
+        );
+        Ok((retraction.spans, record))
+    }
+
+    /// Empties a session, keeping its configuration and counters, when
+    /// its revision is `expected_revision` if one is given. Returns the
+    /// record after and the spans removed, live and archived.
+    pub async fn reset_session(
+        &self,
+        id: &str,
+        expected_revision: Option<u64>,
+    ) -> Result<(SessionRecord, u64), ApiError> {
+        let tenant = tenant::tenant_of(id);
+        self.quotas.load(&self.store, tenant).await?;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
+        check_expected(&loaded, expected_revision)?;
+        let bytes = match self.quotas.counts_bytes(tenant) {
+            true => {
+                let owned = id.to_owned();
+                blocking::read(&self.store, move |store| store.session_text_bytes(&owned)).await?
+            }
+            false => 0,
+        };
+        let record = loaded.session.reset(now_ms());
+        loaded.stale = true;
+        let ack = self
+            .store
+            .write(WriteOp::ResetSession {
+                expected_revision: loaded.session.record.revision,
+                record: record.clone(),
+            })
+            .await?;
+        loaded.apply_reset(record.clone());
+        loaded.stale = false;
+        self.quotas
+            .settle(tenant, -i64::try_from(bytes).unwrap_or(i64::MAX), None);
+        info!(
+            session_id = id,
+            spans = ack.spans_deleted,
+            revision = record.revision,
+            "session reset"
+        );
+        Ok((record, ack.spans_deleted))
     }
 
     /// Adds a session that `write` stores whole: a new one
@@ -784,6 +876,19 @@ impl Broker {
 /// appended spans and a summary add theirs; a span rewritten in place
 /// (compressed, pinned) adds the difference; an evicted span keeps its
 /// bytes, in the archive.
+/// Refuses a request made against another revision than the session's.
+fn check_expected(loaded: &Loaded, expected: Option<u64>) -> Result<(), ApiError> {
+    let actual = loaded.session.record.revision;
+    match expected {
+        Some(expected) if expected != actual => Err(ApiError::StaleRevision {
+            session_id: loaded.session.record.id.clone(),
+            expected,
+            actual,
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn text_delta(loaded: &Loaded, change: &Change) -> i64 {
     let bytes = |span: &Span| i64::try_from(ctxbroker_store::text_bytes(span)).unwrap_or(i64::MAX);
     let mut delta: i64 = change.append.iter().map(bytes).sum();

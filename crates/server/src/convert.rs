@@ -3,14 +3,14 @@
 
 use ctxbroker_core::admission::CallerPredicate;
 use ctxbroker_core::config::{
-    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionConfig, SessionMode, TokenizerKind,
-    TriggerPolicy,
+    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionConfig, SessionMode,
+    SummaryPresentation, TokenizerKind, TriggerPolicy,
 };
 use ctxbroker_core::marker::{CompactionTrigger, Marker, Outcome};
 use ctxbroker_core::plan::{EvictionReason, Verdict, Violation, ViolationKind};
 use ctxbroker_core::session::{CallerEdits, PlanOutcome};
 use ctxbroker_core::span::{
-    ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
+    Attributes, ClassSource, Modality, Predicate, PredicateSource, Role, Span, SpanClass,
 };
 use ctxbroker_proto::encoded::Encoded;
 use ctxbroker_proto::v1 as pb;
@@ -87,7 +87,10 @@ twins!(EvictionReason <=> EvictionReason, eviction_reason_to_pb, [
 ]);
 twins!(ViolationKind <=> ViolationKind, violation_kind_to_pb, [
     PinnedMissing, PredicateUnsatisfied, OverBudget, PinnedExceedBudget, TurnTooLarge,
-    GenerationExceeded, AnchorMissing, PlanInconsistent,
+    GenerationExceeded, AnchorMissing, PlanInconsistent, ToolExchangeSplit,
+]);
+twins!(SummaryPresentation <=> SummaryPresentation, presentation_to_pb, presentation_from_pb, [
+    System, User,
 ]);
 
 /// Saturates a domain count into the contract's u32 token fields.
@@ -125,6 +128,13 @@ pub fn turn_from_pb(spans: Vec<pb::SpanInput>) -> Vec<TurnSpan> {
             relevance_hint: s.relevance_hint,
             idempotency_key: s.idempotency_key,
             text: s.text,
+            attributes: Some(Attributes {
+                tool_call_id: s.tool_call_id,
+                tool_name: s.tool_name,
+                metadata: s.metadata.into_iter().collect(),
+            })
+            .filter(|a| !a.is_empty())
+            .map(Box::new),
         })
         .collect()
 }
@@ -231,6 +241,15 @@ pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
             .map(|o| o.text.clone())
             .unwrap_or_default(),
         original_tokens: span.original.as_ref().map_or(0, |o| o.tokens),
+        tool_call_id: (span.attributes.as_deref())
+            .map(|a| a.tool_call_id.clone())
+            .unwrap_or_default(),
+        tool_name: (span.attributes.as_deref())
+            .map(|a| a.tool_name.clone())
+            .unwrap_or_default(),
+        metadata: (span.attributes.as_deref())
+            .map(|a| a.metadata.clone().into_iter().collect())
+            .unwrap_or_default(),
     }
 }
 
@@ -380,6 +399,8 @@ pub fn config_to_pb(c: &SessionConfig) -> pb::SessionConfig {
             pin_phrases: c.classifier_tuning.pin_phrases.clone(),
             protected_fraction: Some(c.classifier_tuning.effective_protected_fraction()),
         }),
+        summary_presentation: presentation_to_pb(c.summary_presentation) as i32,
+        summary_prefix: Some(c.effective_summary_prefix().to_owned()),
     }
 }
 

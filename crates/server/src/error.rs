@@ -40,6 +40,9 @@ pub mod reason {
     pub const WRONG_CLASS: &str = "WRONG_CLASS";
     /// The plan changes nothing.
     pub const NOTHING_TO_COMMIT: &str = "NOTHING_TO_COMMIT";
+    /// The spans asked to be taken back cannot be (a summary among them,
+    /// or fewer live spans than asked for).
+    pub const NOT_RETRACTABLE: &str = "NOT_RETRACTABLE";
     /// A configuration change would leave live above the new budget.
     pub const CONFIG_BELOW_LIVE: &str = "CONFIG_BELOW_LIVE";
     /// The session changed since the request was prepared.
@@ -201,6 +204,16 @@ pub enum ApiError {
     NothingToCommit {
         /// The session.
         session_id: String,
+    },
+    /// Spans asked to be taken back cannot be.
+    #[error("cannot take back spans of session {session_id:?}: {detail}")]
+    NotRetractable {
+        /// The session.
+        session_id: String,
+        /// The span at fault, when one is.
+        span_id: Option<u64>,
+        /// What is wrong.
+        detail: String,
     },
     /// A configuration change would leave live above the new budget.
     #[error(
@@ -388,6 +401,7 @@ impl ApiError {
             | ApiError::SpanNotLive { session_id, .. }
             | ApiError::WrongClass { session_id, .. }
             | ApiError::NothingToCommit { session_id }
+            | ApiError::NotRetractable { session_id, .. }
             | ApiError::StaleRevision { session_id, .. }
             | ApiError::SnapshotTooLarge { session_id, .. } => Some(session_id),
             ApiError::Corrupt { session_id, .. } => session_id.as_mut(),
@@ -496,6 +510,17 @@ impl ApiError {
                 metadata.insert("session_id".into(), session_id.clone());
                 metadata.insert("span_id".into(), span_id.to_string());
                 (Code::FailedPrecondition, reason::WRONG_CLASS)
+            }
+            ApiError::NotRetractable {
+                session_id,
+                span_id,
+                ..
+            } => {
+                metadata.insert("session_id".into(), session_id.clone());
+                if let Some(span_id) = span_id {
+                    metadata.insert("span_id".into(), span_id.to_string());
+                }
+                (Code::FailedPrecondition, reason::NOT_RETRACTABLE)
             }
             ApiError::NothingToCommit { session_id } => {
                 metadata.insert("session_id".into(), session_id.clone());

@@ -592,6 +592,80 @@ impl ContextBroker for BrokerService {
         respond(&scope, result)
     }
 
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
+    async fn retract_last_turn(
+        &self,
+        request: Request<pb::RetractLastTurnRequest>,
+    ) -> Result<Response<pb::RetractLastTurnResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
+        let req = request.into_inner();
+        let full = scope.full_id(&req.session_id);
+        let result = async {
+            let mut bad = Vec::new();
+            if let Err(b) = self.check_named(&scope, "session_id", &req.session_id) {
+                bad.push(b);
+            }
+            let max = self.broker.limits().max_spans_per_turn;
+            let count = req.spans as usize;
+            if count > max {
+                bad.push(BadField::new(
+                    "spans",
+                    format!("must be at most max_spans_per_turn = {max}; got {count}"),
+                ));
+            }
+            validate::finish(bad)?;
+            let (spans, record) = self
+                .broker
+                .retract(&full, count, req.expected_revision)
+                .await?;
+            record_turn(record.turns);
+            Ok(pb::RetractLastTurnResponse {
+                spans: spans
+                    .iter()
+                    .map(|s| span_to_pb(s, SpanState::Live, 0.0))
+                    .collect(),
+                session: Some(session_in(&record, &scope)),
+            })
+        }
+        .await;
+        self.audit(&caller, Action::RetractLastTurn, &full, &result, |r| {
+            let ids: Vec<String> = r.spans.iter().map(|s| s.span_id.to_string()).collect();
+            format!("spans {} taken back", ids.join(","))
+        })
+        .await;
+        respond(&scope, result)
+    }
+
+    #[instrument(skip_all, fields(session_id = %request.get_ref().session_id))]
+    async fn reset_session(
+        &self,
+        request: Request<pb::ResetSessionRequest>,
+    ) -> Result<Response<pb::ResetSessionResponse>, Status> {
+        let caller = self.caller(&request)?;
+        let scope = caller.scope();
+        let req = request.into_inner();
+        let full = scope.full_id(&req.session_id);
+        let result = async {
+            self.check_named(&scope, "session_id", &req.session_id)
+                .map_err(validate::single)?;
+            let (record, spans_removed) = self
+                .broker
+                .reset_session(&full, req.expected_revision)
+                .await?;
+            Ok(pb::ResetSessionResponse {
+                session: Some(session_in(&record, &scope)),
+                spans_removed,
+            })
+        }
+        .await;
+        self.audit(&caller, Action::ResetSession, &full, &result, |r| {
+            format!("{} spans removed", r.spans_removed)
+        })
+        .await;
+        respond(&scope, result)
+    }
+
     async fn admit(
         &self,
         request: Request<pb::AdmitRequest>,

@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::facts::LiveFacts;
-use ctxbroker_core::session::{Change, Session, SessionRecord};
+use ctxbroker_core::session::{Change, Retraction, Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
@@ -98,6 +98,19 @@ impl Loaded {
             }
         };
         spans + facts_estimate(&self.session)
+    }
+
+    /// Adopts a retraction the store acknowledged; the estimate is made
+    /// afresh.
+    pub fn apply_retraction(&mut self, retraction: &Retraction) {
+        self.session.apply_retraction(retraction);
+        self.estimated = None;
+    }
+
+    /// Adopts a reset the store acknowledged.
+    pub fn apply_reset(&mut self, record: SessionRecord) {
+        self.session.apply_reset(record);
+        self.estimated = None;
     }
 
     /// Adopts a change the store acknowledged (`Session::apply`). A change
@@ -362,6 +375,18 @@ fn span_heap(span: &Span) -> usize {
     }
     if let Some(original) = &span.original {
         bytes += heap(original.text.capacity());
+    }
+    if let Some(attributes) = &span.attributes {
+        // The box, its two strings, and per metadata entry a B-tree slot
+        // (two strings' structs) and the strings' text.
+        bytes += heap(size_of_val(attributes.as_ref()))
+            + heap(attributes.tool_call_id.capacity())
+            + heap(attributes.tool_name.capacity())
+            + attributes
+                .metadata
+                .iter()
+                .map(|(k, v)| 2 * size_of::<String>() + heap(k.capacity()) + heap(v.capacity()))
+                .sum::<usize>();
     }
     bytes
 }
@@ -888,6 +913,7 @@ mod tests {
                 predicate: None,
                 relevance_hint: None,
                 idempotency_key: String::new(),
+                attributes: None,
             };
             let tokens = span.tokens(loaded.session.record.config.tokenizer, &ByteLength);
             let incoming = vec![span.labelled(tokens)];

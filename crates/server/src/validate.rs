@@ -9,8 +9,8 @@ use ctxbroker_proto::v1 as pb;
 use crate::broker::TurnSpan;
 use crate::config::Limits;
 use crate::convert::{
-    anchor_policy_from_pb, classifier_from_pb, mode_from_pb, tokenizer_from_pb, trigger_from_pb,
-    workload_from_pb,
+    anchor_policy_from_pb, classifier_from_pb, mode_from_pb, presentation_from_pb,
+    tokenizer_from_pb, trigger_from_pb, workload_from_pb,
 };
 use crate::error::{ApiError, BadField};
 
@@ -194,9 +194,100 @@ fn merge(
             protected_fraction: t.protected_fraction,
         };
     }
+    let presentation = enum_value(
+        "config.summary_presentation",
+        p.summary_presentation,
+        &mut bad,
+    );
+    if let Some(presentation) = presentation.and_then(presentation_from_pb) {
+        c.summary_presentation = presentation;
+    }
+    if let Some(prefix) = &p.summary_prefix {
+        if prefix.trim().is_empty() || prefix.len() > MAX_SUMMARY_PREFIX_BYTES {
+            bad.push(BadField::new(
+                "config.summary_prefix",
+                format!(
+                    "must be 1 to {MAX_SUMMARY_PREFIX_BYTES} bytes of text; got {} bytes",
+                    prefix.len()
+                ),
+            ));
+        } else if prefix.chars().any(char::is_control) {
+            bad.push(BadField::new(
+                "config.summary_prefix",
+                "must not contain control characters",
+            ));
+        } else {
+            c.summary_prefix = prefix.clone();
+        }
+    }
     config(&mut c, limits, &mut bad);
     finish(bad)?;
     Ok(c)
+}
+
+/// The longest summary prefix, in bytes.
+pub const MAX_SUMMARY_PREFIX_BYTES: usize = 256;
+/// The longest tool call id or tool name, in bytes.
+pub const MAX_TOOL_FIELD_BYTES: usize = 128;
+/// The most metadata entries on one span.
+pub const MAX_METADATA_ENTRIES: usize = 32;
+/// The longest metadata key, in bytes.
+pub const MAX_METADATA_KEY_BYTES: usize = 128;
+/// The most bytes of metadata keys and values on one span.
+pub const MAX_METADATA_BYTES: usize = 65_536;
+
+/// Checks span `i`'s attributes: tool call id and tool name short and
+/// free of control characters; metadata within its entry, key and byte
+/// limits, keys of `[A-Za-z0-9._:/-]`.
+fn attributes(i: usize, span: &pb::SpanInput, bad: &mut Vec<BadField>) {
+    for (name, value) in [
+        ("tool_call_id", &span.tool_call_id),
+        ("tool_name", &span.tool_name),
+    ] {
+        if value.len() > MAX_TOOL_FIELD_BYTES {
+            bad.push(BadField::new(
+                format!("spans[{i}].{name}"),
+                format!(
+                    "must be at most {MAX_TOOL_FIELD_BYTES} bytes; got {}",
+                    value.len()
+                ),
+            ));
+        } else if value.chars().any(char::is_control) {
+            bad.push(BadField::new(
+                format!("spans[{i}].{name}"),
+                "must not contain control characters",
+            ));
+        }
+    }
+    let field = format!("spans[{i}].metadata");
+    if span.metadata.len() > MAX_METADATA_ENTRIES {
+        bad.push(BadField::new(
+            field,
+            format!(
+                "must hold at most {MAX_METADATA_ENTRIES} entries; got {}",
+                span.metadata.len()
+            ),
+        ));
+        return;
+    }
+    let bytes: usize = span.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_METADATA_BYTES {
+        bad.push(BadField::new(
+            field.clone(),
+            format!("keys and values must hold at most {MAX_METADATA_BYTES} bytes; got {bytes}"),
+        ));
+    }
+    let mut keys: Vec<&String> = span.metadata.keys().collect();
+    keys.sort();
+    for key in keys {
+        let good = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
+        if key.is_empty() || key.len() > MAX_METADATA_KEY_BYTES || !key.bytes().all(good) {
+            bad.push(BadField::new(
+                format!("{field}[{key:?}]"),
+                format!("keys must be 1 to {MAX_METADATA_KEY_BYTES} bytes of [A-Za-z0-9._:/-]"),
+            ));
+        }
+    }
 }
 
 /// Checks an effective configuration against the server's limits and the
@@ -353,6 +444,7 @@ pub fn turn_shape(spans: &[pb::SpanInput], limits: &Limits, bad: &mut Vec<BadFie
             ));
         }
         idempotency_key(i, spans, bad);
+        attributes(i, span, bad);
         if let Some(predicate) = &span.predicate {
             if matches!(class, Ok(pb::SpanClass::Narrative)) {
                 bad.push(BadField::new(

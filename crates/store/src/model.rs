@@ -33,11 +33,12 @@ pub struct StoredSpan {
 
 /// The text bytes a span holds in the store: its text, plus the form it
 /// was admitted in when it is a compressed constraint (the store keeps
-/// both). UTF-8 bytes of text, not the engine's bytes on disk: what a
+/// both), plus what the caller attached to it. UTF-8 bytes of text, not the engine's bytes on disk: what a
 /// tenant's storage quota counts.
 pub fn text_bytes(span: &Span) -> u64 {
     let original = span.original.as_ref().map_or(0, |o| o.text.len());
-    (span.text.len() + original) as u64
+    let attributes = span.attributes.as_deref().map_or(0, |a| a.text_bytes());
+    (span.text.len() + original + attributes) as u64
 }
 
 /// One entry of a session's pin set: a live constraint and what it
@@ -75,6 +76,27 @@ pub enum WriteOp {
         /// The session.
         id: String,
     },
+    /// Take back a session's newest live spans outright (not archived):
+    /// their spans, pins, term rows and idempotency keys go, and the
+    /// record is replaced. Refused unless each span is live at its
+    /// position, and the revision matches.
+    Retract {
+        /// The revision the retraction was computed against.
+        expected_revision: u64,
+        /// The record after it.
+        record: SessionRecord,
+        /// The spans taken back.
+        spans: Vec<Span>,
+    },
+    /// Empty a session: its live spans, pins, archive, term rows and
+    /// idempotency keys go; its record is replaced (the caller keeps the
+    /// counters). Markers stay.
+    ResetSession {
+        /// The revision the reset was computed against.
+        expected_revision: u64,
+        /// The record after it.
+        record: SessionRecord,
+    },
     /// Write a session's [`Change`] as it is given, in one piece: evict
     /// (archived under the marker's seq), insert the summary, rewrite
     /// `replace` in place (the pin set follows each span's class), append
@@ -96,7 +118,8 @@ pub enum WriteOp {
 pub struct WriteAck {
     /// The global seq given to the write's marker, if it wrote one.
     pub marker_seq: Option<u64>,
-    /// For `DeleteSession`: the spans removed, live and archived.
+    /// For `DeleteSession`, `ResetSession` and `Retract`: the spans
+    /// removed, live and archived.
     pub spans_deleted: u64,
 }
 

@@ -412,7 +412,8 @@ impl Store {
                 continue;
             };
             let span_id = record::decode_key(&stored_key, &value)?;
-            // A key is never rewritten, only deleted with its session.
+            // A key is never rewritten, only deleted with its session or
+            // with the span it admitted when that span is taken back.
             match self.read_span(session, span_id)? {
                 Some(span) => out.push(Some(span)),
                 None => {

@@ -49,6 +49,7 @@ fn span(id: u64) -> Span {
         relevance_hint: None,
         admitted_at_ms: 1,
         original: None,
+        attributes: None,
     }
 }
 
@@ -850,5 +851,128 @@ async fn a_record_update_cannot_move_next_span_id_back() {
     assert!(
         matches!(refused, Err(StoreError::InvalidWrite { .. })),
         "{refused:?}"
+    );
+}
+
+/// A span's attributes are kept; taking back the newest spans removes
+/// them with their keys (which can then admit again), refuses a stale
+/// revision or a span that is not live, and a reset empties the session
+/// but keeps its record.
+#[tokio::test]
+async fn retract_and_reset_remove_what_they_name_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    let mut tooled = span(4);
+    tooled.attributes = Some(Box::new(ctxbroker_core::span::Attributes {
+        tool_call_id: "call_1".into(),
+        tool_name: "shell".into(),
+        metadata: [("framework.id".to_owned(), "m-4".to_owned())].into(),
+    }));
+    store
+        .write(write(
+            Change {
+                append: vec![tooled.clone(), span(5)],
+                ..change(2, record("fine", 3, 6))
+            },
+            vec![("k4".into(), 4), ("k5".into(), 5)],
+        ))
+        .await
+        .unwrap();
+    let live = store.live_spans("fine").unwrap();
+    assert_eq!(live[3], tooled, "attributes round-trip");
+    let bytes_before = store.session_text_bytes("fine").unwrap();
+
+    let stale = store
+        .write(WriteOp::Retract {
+            expected_revision: 2,
+            record: record("fine", 4, 6),
+            spans: vec![tooled.clone(), span(5)],
+        })
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::StaleRevision { .. })),
+        "{stale:?}"
+    );
+    let not_live = store
+        .write(WriteOp::Retract {
+            expected_revision: 3,
+            record: record("fine", 4, 6),
+            spans: vec![span(9)],
+        })
+        .await;
+    assert!(
+        matches!(not_live, Err(StoreError::InvalidWrite { .. })),
+        "{not_live:?}"
+    );
+    assert_eq!(
+        store.live_spans("fine").unwrap().len(),
+        5,
+        "refusals change nothing"
+    );
+
+    let ack = store
+        .write(WriteOp::Retract {
+            expected_revision: 3,
+            record: record("fine", 4, 6),
+            spans: vec![tooled.clone(), span(5)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(ack.spans_deleted, 2);
+    let ids: Vec<u64> = store
+        .live_spans("fine")
+        .unwrap()
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(store.session("fine").unwrap().unwrap().revision, 4);
+    assert!(store.span("fine", 4).unwrap().is_none());
+    assert!(store.session_text_bytes("fine").unwrap() < bytes_before);
+    let by_key = store
+        .spans_by_keys("fine", &["k4".into(), "k5".into()])
+        .unwrap();
+    assert_eq!(by_key, vec![None, None], "the keys went with their spans");
+    // A taken-back key admits new content.
+    store
+        .write(write(
+            Change {
+                append: vec![span(6)],
+                ..change(4, record("fine", 5, 7))
+            },
+            vec![("k4".into(), 6)],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.spans_by_keys("fine", &["k4".into()]).unwrap()[0]
+            .as_ref()
+            .map(|s| s.span.id),
+        Some(6)
+    );
+
+    // "hurt" has two live spans and one archived; a reset removes all
+    // three and keeps the record it is given.
+    let mut after = record("hurt", 4, 4);
+    after.marker_count = 1;
+    let ack = store
+        .write(WriteOp::ResetSession {
+            expected_revision: 3,
+            record: after.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(ack.spans_deleted, 3);
+    assert!(store.live_spans("hurt").unwrap().is_empty());
+    assert!(
+        store.span("hurt", 1).unwrap().is_none(),
+        "the archive is emptied"
+    );
+    assert_eq!(store.session("hurt").unwrap(), Some(after));
+    assert_eq!(store.markers(1, 10).unwrap().len(), 1, "markers stay");
+    assert_eq!(
+        store.live_spans("fine").unwrap().len(),
+        4,
+        "other sessions untouched"
     );
 }

@@ -29,6 +29,8 @@ from .client import (
     create_session_request,
     pin_request,
     plan_request,
+    reset_request,
+    retract_request,
     retryable_admit_error,
     span_filter,
     update_session_request,
@@ -209,6 +211,20 @@ class AsyncBroker:
         """Deletes a session; returns the spans deleted."""
         request = pb.DeleteSessionRequest(session_id=session_id)
         return (await self._call(self.stub.DeleteSession, request, session_id)).spans_deleted
+
+    async def reset_session(
+        self, session_id: str, expected_revision: int | None = None
+    ) -> pb.ResetSessionResponse:
+        """Empties the session, keeping its configuration."""
+        request = reset_request(session_id, expected_revision)
+        return await self._call(self.stub.ResetSession, request, session_id)
+
+    async def retract_last_turn(
+        self, session_id: str, spans: int = 0, expected_revision: int | None = None
+    ) -> pb.RetractLastTurnResponse:
+        """Takes back the newest ``spans`` live spans (0: the newest turn's)."""
+        request = retract_request(session_id, spans, expected_revision)
+        return await self._call(self.stub.RetractLastTurn, request, session_id)
 
     async def export_session(self, session_id: str) -> pb.ExportSessionResponse:
         """A snapshot of the session for :meth:`import_session`."""

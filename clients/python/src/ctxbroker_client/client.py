@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -168,10 +168,23 @@ def span(
     token_count: int | None = None,
     relevance_hint: float | None = None,
     predicate: pb.Predicate | None = None,
+    tool_call_id: str = "",
+    tool_name: str = "",
+    metadata: Mapping[str, str] | None = None,
 ) -> pb.SpanInput:
     """One span to admit. Leave ``span_class`` unset to let the daemon's
-    rules classify user and system text."""
-    out = pb.SpanInput(role=role, text=text, span_class=span_class, idempotency_key=idempotency_key)
+    rules classify user and system text. Give a tool call and its result
+    the same ``tool_call_id``: compaction then keeps or evicts them
+    together."""
+    out = pb.SpanInput(
+        role=role,
+        text=text,
+        span_class=span_class,
+        idempotency_key=idempotency_key,
+        tool_call_id=tool_call_id,
+        tool_name=tool_name,
+        metadata=dict(metadata or {}),
+    )
     if token_count is not None:
         out.token_count = token_count
     if relevance_hint is not None:
@@ -390,6 +403,22 @@ def commit_request(
     return request
 
 
+def reset_request(session_id: str, expected_revision: int | None) -> pb.ResetSessionRequest:
+    request = pb.ResetSessionRequest(session_id=session_id)
+    if expected_revision is not None:
+        request.expected_revision = expected_revision
+    return request
+
+
+def retract_request(
+    session_id: str, spans: int, expected_revision: int | None
+) -> pb.RetractLastTurnRequest:
+    request = pb.RetractLastTurnRequest(session_id=session_id, spans=spans)
+    if expected_revision is not None:
+        request.expected_revision = expected_revision
+    return request
+
+
 def pin_request(session_id: str, span_id: int, predicate: pb.Predicate | None) -> pb.PinRequest:
     request = pb.PinRequest(session_id=session_id, span_id=span_id)
     if predicate is not None:
@@ -551,6 +580,22 @@ class Broker:
         """Deletes a session; returns the spans deleted."""
         request = pb.DeleteSessionRequest(session_id=session_id)
         return self._call(self.stub.DeleteSession, request, session_id).spans_deleted
+
+    def reset_session(
+        self, session_id: str, expected_revision: int | None = None
+    ) -> pb.ResetSessionResponse:
+        """Empties the session (live spans, archive, keys), keeping its
+        configuration; with ``expected_revision``, only if it still is."""
+        request = reset_request(session_id, expected_revision)
+        return self._call(self.stub.ResetSession, request, session_id)
+
+    def retract_last_turn(
+        self, session_id: str, spans: int = 0, expected_revision: int | None = None
+    ) -> pb.RetractLastTurnResponse:
+        """Takes back the newest ``spans`` live spans (0: the newest turn's);
+        returns them and the session after."""
+        request = retract_request(session_id, spans, expected_revision)
+        return self._call(self.stub.RetractLastTurn, request, session_id)
 
     def export_session(self, session_id: str) -> pb.ExportSessionResponse:
         """A snapshot of the session (``.snapshot``) for

@@ -305,6 +305,7 @@ async fn fill(
                 predicate: s.predicate.clone(),
                 relevance_hint: None,
                 unclassified: false,
+                attributes: None,
             })
             .collect();
         let change = session

@@ -78,6 +78,7 @@ fn narrative(id: SpanId, turn_no: u64, turn: &Turn) -> Span {
         relevance_hint: None,
         admitted_at_ms: turn.at_ms,
         original: None,
+        attributes: None,
     }
 }
 
@@ -211,6 +212,7 @@ fn relevance(
                     next_span_id: id + 1,
                     now_ms: turn.at_ms,
                     target_tokens: None,
+                    held_tool_calls: &[],
                 },
                 counter,
             );
@@ -284,6 +286,7 @@ fn incoming(turn: &Turn, labels: Labels) -> Incoming {
         classification,
         relevance_hint: None,
         unclassified,
+        attributes: None,
     }
 }
 

@@ -512,6 +512,7 @@ mod tests {
             relevance_hint: None,
             admitted_at_ms: 0,
             original: None,
+            attributes: None,
         };
         assert!(SpanFilter::default().keeps(&span, Standing::Archived));
         let only = |f: SpanFilter| f.keeps(&span, Standing::Archived);

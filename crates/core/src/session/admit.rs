@@ -35,6 +35,8 @@ pub struct Incoming {
     /// mode and tuning decide it at admission (and it matters under
     /// CALLER_ONLY).
     pub unclassified: bool,
+    /// What the caller attached to it (see [`crate::span::Attributes`]).
+    pub attributes: Option<Box<crate::span::Attributes>>,
 }
 
 impl Incoming {
@@ -254,5 +256,6 @@ fn admitted_span(incoming: Incoming, id: SpanId, turn: u64, now_ms: u64) -> Span
         relevance_hint: incoming.relevance_hint,
         admitted_at_ms: now_ms,
         original: None,
+        attributes: incoming.attributes,
     }
 }

@@ -11,7 +11,7 @@ use crate::planner::{self, PlanInput, SummaryRoom, SummarySlot};
 use crate::span::{Span, SpanClass};
 use crate::tokens::TokenCounter;
 use crate::trigger;
-use crate::verify::verify_refs;
+use crate::verify::{Incoming, verify_refs};
 
 impl Session {
     /// Background pre-compaction (trigger SOFT_WATERMARK): when live is above the soft watermark, plans down to
@@ -44,6 +44,7 @@ impl Session {
                 next_span_id: self.record.next_span_id,
                 now_ms,
                 target_tokens: Some(u64::from(config.soft_target_tokens())),
+                held_tool_calls: &[],
             },
             self.facts(),
             counter,
@@ -174,7 +175,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            0,
+            Incoming::tokens(0),
             &self.record.config,
             counter,
         )

@@ -148,4 +148,12 @@ pub enum Rejection {
     },
     /// Nothing to do: the plan evicts and compresses nothing.
     NothingToCommit,
+    /// The spans asked to be taken back cannot be: fewer live spans than
+    /// asked for, or a summary among them.
+    NotRetractable {
+        /// The span at fault, when one is.
+        span_id: Option<crate::span::SpanId>,
+        /// What is wrong.
+        detail: String,
+    },
 }

@@ -9,9 +9,9 @@ use crate::facts::LiveRow;
 use crate::marker::CompactionTrigger;
 use crate::plan::{CompressedForm, Plan, Verdict, Violation, ViolationKind};
 use crate::planner::{self, PlanInput};
-use crate::span::{ClassSource, Classification, Role, Span, SpanClass, SpanId, SummaryInfo};
+use crate::span::{ClassSource, Classification, Span, SpanClass, SpanId, SummaryInfo};
 use crate::tokens::TokenCounter;
-use crate::verify::verify_refs;
+use crate::verify::{Incoming, verify_refs};
 
 /// A plan's handle: a plan is a pure function of the session's state at a
 /// revision and of the request, so the handle holds the request and the
@@ -135,7 +135,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            incoming_tokens,
+            Incoming::tokens(incoming_tokens),
             config,
             counter,
         );
@@ -228,7 +228,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            plan_id.incoming_tokens,
+            Incoming::tokens(plan_id.incoming_tokens),
             config,
             counter,
         );
@@ -284,6 +284,7 @@ impl Session {
                 next_span_id: self.record.next_span_id,
                 now_ms,
                 target_tokens: Some(plan_id.target_tokens),
+                held_tool_calls: &[],
             },
             self.facts(),
             counter,
@@ -343,7 +344,7 @@ impl Session {
                 plan.summary = Some(Span {
                     id: self.record.next_span_id,
                     position: evicted.iter().map(|s| s.position).min().unwrap_or(0),
-                    role: Role::System,
+                    role: self.record.config.summary_role(),
                     classification: Classification {
                         class: SpanClass::Summary,
                         source: ClassSource::Caller,
@@ -362,6 +363,7 @@ impl Session {
                     relevance_hint: None,
                     admitted_at_ms: now_ms,
                     original: None,
+                    attributes: None,
                 });
             }
         }

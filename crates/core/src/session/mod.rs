@@ -5,7 +5,8 @@
 //! acknowledged change, the live totals, relevance against the latest
 //! turn. Each operation is in the submodule named after it: admitting a
 //! turn (`admit`), an operator's plan and commit (`manual`), pins and
-//! unpins (`pins`), background compaction (`background`), and the
+//! unpins (`pins`), taking spans back (`undo`), background compaction
+//! (`background`), and the
 //! marker-bearing changes they share (`markers`); `change` holds the
 //! record and change types they return.
 
@@ -15,10 +16,12 @@ mod change;
 mod manual;
 mod markers;
 mod pins;
+mod undo;
 
 pub use admit::Incoming;
 pub use change::{Change, Rejection, SessionRecord};
 pub use manual::{CallerEdits, PlanId, PlanOutcome};
+pub use undo::Retraction;
 
 use std::sync::OnceLock;
 

@@ -2,20 +2,33 @@
 //! constraint, compressed only once nothing evictable is left, and then
 //! only by a form that satisfies its predicate.
 
+use std::collections::BTreeSet;
+
 use super::{ABSENT, Pre, Report, UNPINNED};
 use crate::plan::{Plan, ViolationKind};
 use crate::predicate::check;
-use crate::span::{Span, SpanId};
+use crate::span::{Span, SpanClass, SpanId};
 
 /// Compressed forms are for when nothing evictable is left: a plan that
 /// compresses a constraint while narrative or an earlier summary stays
-/// live shortens what binds the agent instead of what does not.
-pub(super) fn check_compression_timing(v: &mut Report, plan: &Plan, post: &[&Span]) {
+/// live shortens what binds the agent instead of what does not. Spans of
+/// a tool exchange that may not go (one the incoming turn, in `held`,
+/// continues, or one holding a span of another class than narrative) are
+/// not evictable.
+pub(super) fn check_compression_timing(v: &mut Report, plan: &Plan, post: &[&Span], held: &[&str]) {
     if !plan.compressed.is_empty() {
         let summary_id = plan.summary.as_ref().map(|s| s.id);
+        let stuck: BTreeSet<&str> = post
+            .iter()
+            .filter_map(|s| {
+                let id = s.tool_call_id()?;
+                (held.contains(&id) || s.class() != SpanClass::Narrative).then_some(id)
+            })
+            .collect();
         let evictable: Vec<SpanId> = post
             .iter()
             .filter(|s| !s.is_pinned() && Some(s.id) != summary_id)
+            .filter(|s| s.tool_call_id().is_none_or(|id| !stuck.contains(id)))
             .map(|s| s.id)
             .collect();
         if let Some(&first) = evictable.first() {

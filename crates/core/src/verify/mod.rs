@@ -10,12 +10,14 @@
 //! Each check is in the submodule named after what it checks: the plan
 //! against the pre-state (`consistency`), the summary and its anchors
 //! (`summary`), the constraints (`constraints`), every span kept
-//! (`kept`), and the sizes (`budget`); `index` finds pre-state spans by
+//! (`kept`), tool exchanges evicted whole or kept whole (`exchanges`),
+//! and the sizes (`budget`); `index` finds pre-state spans by
 //! id. `verify_refs` runs them in order and reports what they all find.
 
 mod budget;
 mod consistency;
 mod constraints;
+mod exchanges;
 mod index;
 mod kept;
 mod summary;
@@ -59,7 +61,15 @@ pub fn verify_with(
 ) -> Verdict {
     let post: Vec<&Span> = post.iter().collect();
     let facts = facts.filter(|f| f.describes(pre));
-    verify_refs(pre, facts, plan, &post, incoming_tokens, config, counter)
+    verify_refs(
+        pre,
+        facts,
+        plan,
+        &post,
+        Incoming::tokens(incoming_tokens),
+        config,
+        counter,
+    )
 }
 
 /// [`verify_with`] of a post-state given by reference: the admission path
@@ -70,10 +80,14 @@ pub(crate) fn verify_refs(
     facts: Option<&LiveFacts>,
     plan: &Plan,
     post: &[&Span],
-    incoming_tokens: u64,
+    incoming: Incoming<'_>,
     config: &SessionConfig,
     counter: &dyn TokenCounter,
 ) -> Verdict {
+    let Incoming {
+        tokens: incoming_tokens,
+        tool_calls: held_tool_calls,
+    } = incoming;
     let mut v = Report::default();
     // What the walks over pre read of each span: the rows the session
     // keeps (which `facts` hold to the spans), or copied here.
@@ -82,6 +96,7 @@ pub(crate) fn verify_refs(
     consistency::check_repeated_ids(&mut v, pre, &pre_index);
     let (is_evicted, evicted_at) = consistency::check_evictions(&mut v, &rows, &pre_index, plan);
     let evicted: Vec<&Span> = evicted_at.iter().map(|&i| &pre[i]).collect();
+    exchanges::check_exchanges_whole(&mut v, pre, &rows, &is_evicted, held_tool_calls);
     // The anchors are the text's, by the rules of `text`: derived once
     // per span by the session, or here.
     let owed = LiveFacts::owed_anchors(facts, pre, evicted_at.iter().copied());
@@ -96,7 +111,7 @@ pub(crate) fn verify_refs(
         &mut v, plan, &pre.index, &evicted, owed.list, config, counter,
     );
     consistency::check_post_order(&mut v, &pre, plan, post);
-    constraints::check_compression_timing(&mut v, plan, post);
+    constraints::check_compression_timing(&mut v, plan, post, held_tool_calls);
     let (state, post_tokens) =
         kept::count_post(&mut v, &pre, plan, post, &forms, summary_tokens, counter);
     constraints::check_pinned_retained(&mut v, &pre, &state);
@@ -104,6 +119,25 @@ pub(crate) fn verify_refs(
     budget::check_account(&mut v, plan, pre.index.tokens, post_tokens, incoming_tokens);
     Verdict {
         violations: v.violations,
+    }
+}
+
+/// What the turn a compaction makes room for brings: its tokens, and the
+/// tool call ids of its spans (the exchanges it continues, which must stay
+/// whole).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Incoming<'a> {
+    pub(crate) tokens: u64,
+    pub(crate) tool_calls: &'a [&'a str],
+}
+
+impl Incoming<'_> {
+    /// A turn of `tokens` that continues no tool exchange.
+    pub(crate) fn tokens(tokens: u64) -> Self {
+        Incoming {
+            tokens,
+            tool_calls: &[],
+        }
     }
 }
 
@@ -198,6 +232,7 @@ mod tests {
             next_span_id: 13,
             now_ms: 0,
             target_tokens: None,
+            held_tool_calls: &[],
         };
         let plan = plan(&input, &ByteLength);
         Case {
@@ -274,6 +309,7 @@ mod tests {
                 next_span_id: 13,
                 now_ms: 0,
                 target_tokens: None,
+                held_tool_calls: &[],
             },
             &ByteLength,
         );

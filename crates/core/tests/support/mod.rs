@@ -147,6 +147,7 @@ pub fn admitted(
         relevance_hint: None,
         admitted_at_ms: turn * 1_000,
         original: None,
+        attributes: None,
     }
 }
 
@@ -182,6 +183,7 @@ pub fn earlier_summary(
         relevance_hint: None,
         admitted_at_ms: turn * 1_000,
         original: None,
+        attributes: None,
     }
 }
 

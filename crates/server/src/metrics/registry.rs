@@ -39,7 +39,7 @@ const CLASSES: [&str; 2] = ["constraint", "narrative"];
 /// values after UNSPECIFIED, each a label value.
 const TRIGGERS: usize = 5;
 const OUTCOMES: usize = 2;
-const VIOLATIONS: usize = 8;
+const VIOLATIONS: usize = 9;
 
 /// The label values of a wire enum with `N` values after UNSPECIFIED, in
 /// number order from 1: their names (`name` of each number) without the

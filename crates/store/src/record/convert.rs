@@ -4,14 +4,15 @@
 
 use ctxbroker_core::classify::ClassifierTuning;
 use ctxbroker_core::config::{
-    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, TokenizerKind, TriggerPolicy,
+    AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, SummaryPresentation,
+    TokenizerKind, TriggerPolicy,
 };
 use ctxbroker_core::marker::{CompactionTrigger, Outcome};
 use ctxbroker_core::plan::{Violation, ViolationKind};
 use ctxbroker_core::relevance::RelevanceWeights;
 use ctxbroker_core::span::{
-    ClassSource, Classification, Modality, OriginalForm, Predicate, PredicateSource, Role,
-    SpanClass, SummaryInfo,
+    Attributes, ClassSource, Classification, Modality, OriginalForm, Predicate, PredicateSource,
+    Role, SpanClass, SummaryInfo,
 };
 use ctxbroker_core::{Marker, SessionConfig, Span};
 
@@ -65,6 +66,23 @@ codes!(AnchorPolicy, anchor_policy_code, anchor_policy_from, "anchor policy", {
 codes!(SessionMode, mode_code, mode_from, "session mode", {
     Auto = 1, Approval = 2,
 });
+/// The stored code of a summary presentation: 0, what records written
+/// before the choice existed hold, is the system span they all had.
+fn presentation_code(p: SummaryPresentation) -> u32 {
+    match p {
+        SummaryPresentation::System => 0,
+        SummaryPresentation::User => 1,
+    }
+}
+
+fn presentation_from(code: u32) -> Result<SummaryPresentation, String> {
+    match code {
+        0 => Ok(SummaryPresentation::System),
+        1 => Ok(SummaryPresentation::User),
+        other => Err(format!("unknown summary presentation code {other}")),
+    }
+}
+
 codes!(CompactionTrigger, trigger_code, trigger_from, "compaction trigger", {
     HardBudget = 1, SoftWatermark = 2, Staleness = 3, Manual = 4, Unpin = 5,
 });
@@ -80,6 +98,7 @@ codes!(ViolationKind, violation_code, violation_kind_from, "violation kind", {
     GenerationExceeded = 6,
     AnchorMissing = 7,
     PlanInconsistent = 8,
+    ToolExchangeSplit = 9,
 });
 
 /// A struct literal of `$ty` whose listed fields are taken from `$from`'s
@@ -121,8 +140,10 @@ pub(super) fn config_row(c: &SessionConfig) -> ConfigRow {
     same_fields!(&c => ConfigRow [
         window_tokens, alpha, soft_watermark, reserved_overhead_tokens, relevance_floor,
         staleness_interval_ms, max_summary_generations, summary_max_tokens, anchor_budget_tokens,
+        summary_prefix,
     ]
         trigger: trigger_policy_code(c.trigger),
+        summary_presentation: presentation_code(c.summary_presentation),
         tokenizer: tokenizer_code(c.tokenizer),
         classifier: classifier_code(c.classifier),
         anchor_policy: anchor_policy_code(c.anchor_policy),
@@ -147,8 +168,10 @@ pub(super) fn config_from(row: ConfigRow) -> Result<SessionConfig, String> {
     Ok(same_fields!(row => SessionConfig [
         window_tokens, alpha, soft_watermark, reserved_overhead_tokens, relevance_floor,
         staleness_interval_ms, max_summary_generations, summary_max_tokens, anchor_budget_tokens,
+        summary_prefix,
     ]
         trigger: trigger_policy_from(row.trigger)?,
+        summary_presentation: presentation_from(row.summary_presentation)?,
         tokenizer: tokenizer_from(row.tokenizer)?,
         classifier: classifier_from(row.classifier)?,
         anchor_policy: anchor_policy_from(row.anchor_policy)?,
@@ -207,6 +230,8 @@ pub(super) fn span_row(s: &Span) -> SpanRow {
         summary: (s.summary.as_ref())
             .map(|info| same_fields!(&info => SummaryRow [covers, anchors, anchors_dropped])),
         original: s.original.as_ref().map(|o| same_fields!(&o => OriginalRow [text, tokens])),
+        attributes: (s.attributes.as_deref())
+            .map(|a| same_fields!(&a => AttributesRow [tool_call_id, tool_name, metadata])),
     )
 }
 
@@ -221,10 +246,14 @@ pub(super) fn span_from(row: SpanRow) -> Result<Span, String> {
     let summary = (row.summary)
         .map(|info| same_fields!(info => SummaryInfo [covers, anchors, anchors_dropped]));
     let original = (row.original).map(|o| same_fields!(o => OriginalForm [text, tokens]));
+    let attributes = (row.attributes)
+        .map(|a| same_fields!(a => Attributes [tool_call_id, tool_name, metadata]))
+        .filter(|a| !a.is_empty())
+        .map(Box::new);
     let role = role_from(row.role)?;
     Ok(same_fields!(row => Span [
         id, position, text, tokens, generation, turn, relevance_hint, admitted_at_ms,
-    ] role, classification, predicate, summary, original))
+    ] role, classification, predicate, summary, original, attributes))
 }
 
 pub(super) fn violation_row(v: &Violation) -> ViolationRow {

@@ -331,16 +331,17 @@ mod tests {
     use super::*;
     use ctxbroker_core::SessionConfig;
     use ctxbroker_core::config::{
-        AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, TokenizerKind, TriggerPolicy,
+        AnchorPolicy, ClassifierMode, DeclaredWorkload, SessionMode, SummaryPresentation,
+        TokenizerKind, TriggerPolicy,
     };
     use ctxbroker_core::marker::{CompactionTrigger, Outcome};
     use ctxbroker_core::plan::{Violation, ViolationKind};
     use ctxbroker_core::relevance::RelevanceWeights;
     use ctxbroker_core::span::{
-        ClassSource, Classification, Modality, OriginalForm, PredicateSource, Role, SpanClass,
-        SummaryInfo,
+        Attributes, ClassSource, Classification, Modality, OriginalForm, PredicateSource, Role,
+        SpanClass, SummaryInfo,
     };
-    use proptest::collection::vec;
+    use proptest::collection::{btree_map, vec};
     use proptest::option;
     use proptest::prelude::*;
 
@@ -400,6 +401,7 @@ mod tests {
             relevance_hint in option::of(finite()),
             admitted_at_ms in any::<u64>(),
             original in option::of((text(), any::<u32>())),
+            attributes in option::of((text(), text(), btree_map("[a-z._:/-]{1,12}", text(), 0..4))),
         ) -> Span {
             Span {
                 id,
@@ -424,6 +426,14 @@ mod tests {
                 relevance_hint,
                 admitted_at_ms,
                 original: original.map(|(text, tokens)| OriginalForm { text, tokens }),
+                attributes: attributes
+                    .map(|(tool_call_id, tool_name, metadata)| Attributes {
+                        tool_call_id,
+                        tool_name,
+                        metadata,
+                    })
+                    .filter(|a| !a.is_empty())
+                    .map(Box::new),
             }
         }
     }
@@ -471,6 +481,8 @@ mod tests {
             pin_threshold in option::of(finite()),
             pin_phrases in vec("[a-z ]{1,12}", 0..3),
             protected_fraction in option::of(finite()),
+            user_summaries in any::<bool>(),
+            summary_prefix in text(),
         ) -> SessionConfig {
             SessionConfig {
                 window_tokens,
@@ -500,6 +512,12 @@ mod tests {
                     pin_phrases,
                     protected_fraction,
                 },
+                summary_presentation: if user_summaries {
+                    SummaryPresentation::User
+                } else {
+                    SummaryPresentation::System
+                },
+                summary_prefix,
             }
         }
     }

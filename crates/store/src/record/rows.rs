@@ -84,6 +84,13 @@ pub(crate) struct ConfigRow {
     /// model's own threshold and no phrases then apply.
     #[prost(message, optional, tag = "17")]
     pub(crate) classifier_tuning: Option<TuningRow>,
+    /// 0 (system) in records written before summaries could be presented
+    /// otherwise.
+    #[prost(uint32, tag = "18")]
+    pub(crate) summary_presentation: u32,
+    /// Empty: the default prefix.
+    #[prost(string, tag = "19")]
+    pub(crate) summary_prefix: String,
 }
 
 /// A session's adjustments to the classifier.
@@ -171,6 +178,20 @@ pub(crate) struct SpanRow {
     pub(crate) admitted_at_ms: u64,
     #[prost(message, optional, tag = "13")]
     pub(crate) original: Option<OriginalRow>,
+    #[prost(message, optional, tag = "14")]
+    pub(crate) attributes: Option<AttributesRow>,
+}
+
+/// What a caller attached to a span. Absent in records written before
+/// spans carried attributes, which read as none.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct AttributesRow {
+    #[prost(string, tag = "1")]
+    pub(crate) tool_call_id: String,
+    #[prost(string, tag = "2")]
+    pub(crate) tool_name: String,
+    #[prost(btree_map = "string, string", tag = "3")]
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// A span's classification.

@@ -364,8 +364,93 @@ pub(super) fn apply(
                 spans_deleted,
             })
         }
+        WriteOp::Retract {
+            expected_revision,
+            record,
+            spans,
+        } => retract(stage, expected_revision, &record, &spans, effects),
+        WriteOp::ResetSession {
+            expected_revision,
+            record,
+        } => {
+            let session = record.id.as_str();
+            keys::check_session_id(session)?;
+            let stored = load_session(stage, session)?;
+            check_revision(session, expected_revision, &stored)?;
+            check_next_span_id(session, &stored, &record)?;
+            let prefix = keys::session_prefix(session);
+            let mut spans_deleted = 0;
+            for tree in TreeId::PER_SESSION {
+                for key in stage.scan_keys(tree, &prefix)? {
+                    if matches!(tree, TreeId::Spans | TreeId::Archive) {
+                        spans_deleted += 1;
+                    }
+                    stage.del(tree, key);
+                }
+            }
+            put_session(stage, &record);
+            effects.reset.push(record.id.clone());
+            Ok(WriteAck {
+                marker_seq: None,
+                spans_deleted,
+            })
+        }
         WriteOp::Change { change, keys } => write_change(stage, change, keys, seq, effects),
     }
+}
+
+/// Takes back live spans: each must stand at its position; its span,
+/// pin, term row and idempotency keys are removed, then the record is
+/// written.
+fn retract(
+    stage: &mut Stage<'_>,
+    expected_revision: u64,
+    record: &SessionRecord,
+    spans: &[Span],
+    effects: &mut Effects,
+) -> Result<WriteAck, StoreError> {
+    let session = record.id.as_str();
+    keys::check_session_id(session)?;
+    let stored = load_session(stage, session)?;
+    check_revision(session, expected_revision, &stored)?;
+    check_next_span_id(session, &stored, record)?;
+    let mut ids = std::collections::HashSet::with_capacity(spans.len());
+    for span in spans {
+        let key = keys::session_number_key(session, span.position);
+        let holder = match stage.get(TreeId::Spans, &key)? {
+            Some(value) => Some(record::decode_span(&key, &value)?.id),
+            None => None,
+        };
+        if holder != Some(span.id) {
+            return Err(invalid(
+                session,
+                format!(
+                    "span {} to take back is not live at position {}",
+                    span.id, span.position
+                ),
+            ));
+        }
+        stage.del(TreeId::Spans, key);
+        let by_id = keys::session_number_key(session, span.id);
+        if stage.get(TreeId::Pins, &by_id)?.is_some() {
+            stage.del(TreeId::Pins, by_id.clone());
+        }
+        stage.del(TreeId::Terms, by_id);
+        ids.insert(span.id);
+    }
+    // Keys name span ids; a session's keys are few next to its spans, and
+    // taking back is rare, so they are read whole.
+    for (key, value) in stage.scan(TreeId::Keys, &keys::session_prefix(session))? {
+        if ids.contains(&record::decode_key(&key, &value)?) {
+            stage.del(TreeId::Keys, key);
+        }
+    }
+    put_session(stage, record);
+    effects.reset.push(record.id.clone());
+    Ok(WriteAck {
+        marker_seq: None,
+        spans_deleted: spans.len() as u64,
+    })
 }
 
 /// Checks a change against the stored session and stages each part it

@@ -34,6 +34,7 @@ pub fn span(id: SpanId, text: &str) -> Span {
         relevance_hint: Some(0.5),
         admitted_at_ms: 1_700_000_000_000 + id,
         original: None,
+        attributes: None,
     }
 }
 
@@ -214,6 +215,7 @@ impl Session {
             relevance_hint: None,
             admitted_at_ms: 1_700_000_000_999,
             original: None,
+            attributes: None,
         };
         self.record.next_span_id = summary_id + 1;
         let r = &mut self.record;

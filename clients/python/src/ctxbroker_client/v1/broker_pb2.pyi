@@ -527,6 +527,12 @@ class _ViolationKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._
     """The post-state does not follow from the pre-state and the plan (an
     unknown, duplicated or misplaced span).
     """
+    VIOLATION_KIND_TOOL_EXCHANGE_SPLIT: _ViolationKind.ValueType  # 9
+    """The plan evicts part of a tool exchange (live spans sharing a
+    tool_call_id) and keeps the rest: a tool result without its call, or
+    a call without its result, which the model providers refuse.
+    `span_id` is a kept span of the exchange.
+    """
 
 class ViolationKind(_ViolationKind, metaclass=_ViolationKindEnumTypeWrapper):
     """What a verification found wrong."""
@@ -555,7 +561,41 @@ VIOLATION_KIND_PLAN_INCONSISTENT: ViolationKind.ValueType  # 8
 """The post-state does not follow from the pre-state and the plan (an
 unknown, duplicated or misplaced span).
 """
+VIOLATION_KIND_TOOL_EXCHANGE_SPLIT: ViolationKind.ValueType  # 9
+"""The plan evicts part of a tool exchange (live spans sharing a
+tool_call_id) and keeps the rest: a tool result without its call, or
+a call without its result, which the model providers refuse.
+`span_id` is a kept span of the exchange.
+"""
 global___ViolationKind = ViolationKind
+
+class _SummaryPresentation:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _SummaryPresentationEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_SummaryPresentation.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    SUMMARY_PRESENTATION_UNSPECIFIED: _SummaryPresentation.ValueType  # 0
+    """On create: SYSTEM. On update: unchanged."""
+    SUMMARY_PRESENTATION_SYSTEM: _SummaryPresentation.ValueType  # 1
+    """A system span holding the summary as written."""
+    SUMMARY_PRESENTATION_USER: _SummaryPresentation.ValueType  # 2
+    """A user span whose text starts with the session's summary_prefix, for
+    providers and frameworks that accept system text only at the start.
+    """
+
+class SummaryPresentation(_SummaryPresentation, metaclass=_SummaryPresentationEnumTypeWrapper):
+    """How the summaries a compaction writes stand in the context."""
+
+SUMMARY_PRESENTATION_UNSPECIFIED: SummaryPresentation.ValueType  # 0
+"""On create: SYSTEM. On update: unchanged."""
+SUMMARY_PRESENTATION_SYSTEM: SummaryPresentation.ValueType  # 1
+"""A system span holding the summary as written."""
+SUMMARY_PRESENTATION_USER: SummaryPresentation.ValueType  # 2
+"""A user span whose text starts with the session's summary_prefix, for
+providers and frameworks that accept system text only at the start.
+"""
+global___SummaryPresentation = SummaryPresentation
 
 class _WatchStart:
     ValueType = typing.NewType("ValueType", builtins.int)
@@ -611,6 +651,8 @@ class SessionConfig(google.protobuf.message.Message):
     RELEVANCE_FIELD_NUMBER: builtins.int
     ANCHOR_BUDGET_TOKENS_FIELD_NUMBER: builtins.int
     CLASSIFIER_TUNING_FIELD_NUMBER: builtins.int
+    SUMMARY_PRESENTATION_FIELD_NUMBER: builtins.int
+    SUMMARY_PREFIX_FIELD_NUMBER: builtins.int
     window_tokens: builtins.int
     """W: the model's context window in tokens. Required on create, > 0."""
     alpha: builtins.float
@@ -656,6 +698,15 @@ class SessionConfig(google.protobuf.message.Message):
     URLs, numbers with units) may take. Anchors past it are dropped, and
     the marker counts them. 0 on create means the whole summary cap.
     """
+    summary_presentation: global___SummaryPresentation.ValueType
+    """How the summaries compactions write stand in the context. Applies to
+    summaries written after it is set; those already written keep theirs.
+    """
+    summary_prefix: builtins.str
+    """For SUMMARY_PRESENTATION_USER: the words a summary's text starts with,
+    counted in its tokens. 1 to 256 bytes without control characters.
+    Default "Summary of the earlier conversation:". Unused under SYSTEM.
+    """
     @property
     def workload(self) -> global___DeclaredWorkload:
         """For TIME_BASED: the workload the caller declares. Required with
@@ -695,9 +746,11 @@ class SessionConfig(google.protobuf.message.Message):
         relevance: global___RelevanceWeights | None = ...,
         anchor_budget_tokens: builtins.int | None = ...,
         classifier_tuning: global___ClassifierTuning | None = ...,
+        summary_presentation: global___SummaryPresentation.ValueType = ...,
+        summary_prefix: builtins.str | None = ...,
     ) -> None: ...
-    def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "_anchor_budget_tokens", b"_anchor_budget_tokens", "_max_summary_generations", b"_max_summary_generations", "_relevance_floor", b"_relevance_floor", "_reserved_overhead_tokens", b"_reserved_overhead_tokens", "_soft_watermark", b"_soft_watermark", "_staleness_interval_ms", b"_staleness_interval_ms", "_summary_max_tokens", b"_summary_max_tokens", "_window_tokens", b"_window_tokens", "alpha", b"alpha", "anchor_budget_tokens", b"anchor_budget_tokens", "classifier_tuning", b"classifier_tuning", "max_summary_generations", b"max_summary_generations", "relevance", b"relevance", "relevance_floor", b"relevance_floor", "reserved_overhead_tokens", b"reserved_overhead_tokens", "soft_watermark", b"soft_watermark", "staleness_interval_ms", b"staleness_interval_ms", "summary_max_tokens", b"summary_max_tokens", "window_tokens", b"window_tokens", "workload", b"workload"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_anchor_budget_tokens", b"_anchor_budget_tokens", "_max_summary_generations", b"_max_summary_generations", "_relevance_floor", b"_relevance_floor", "_reserved_overhead_tokens", b"_reserved_overhead_tokens", "_soft_watermark", b"_soft_watermark", "_staleness_interval_ms", b"_staleness_interval_ms", "_summary_max_tokens", b"_summary_max_tokens", "_window_tokens", b"_window_tokens", "alpha", b"alpha", "anchor_budget_tokens", b"anchor_budget_tokens", "anchor_policy", b"anchor_policy", "classifier", b"classifier", "classifier_tuning", b"classifier_tuning", "max_summary_generations", b"max_summary_generations", "mode", b"mode", "relevance", b"relevance", "relevance_floor", b"relevance_floor", "reserved_overhead_tokens", b"reserved_overhead_tokens", "soft_watermark", b"soft_watermark", "staleness_interval_ms", b"staleness_interval_ms", "summary_max_tokens", b"summary_max_tokens", "tokenizer", b"tokenizer", "trigger", b"trigger", "window_tokens", b"window_tokens", "workload", b"workload"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_alpha", b"_alpha", "_anchor_budget_tokens", b"_anchor_budget_tokens", "_max_summary_generations", b"_max_summary_generations", "_relevance_floor", b"_relevance_floor", "_reserved_overhead_tokens", b"_reserved_overhead_tokens", "_soft_watermark", b"_soft_watermark", "_staleness_interval_ms", b"_staleness_interval_ms", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prefix", b"_summary_prefix", "_window_tokens", b"_window_tokens", "alpha", b"alpha", "anchor_budget_tokens", b"anchor_budget_tokens", "classifier_tuning", b"classifier_tuning", "max_summary_generations", b"max_summary_generations", "relevance", b"relevance", "relevance_floor", b"relevance_floor", "reserved_overhead_tokens", b"reserved_overhead_tokens", "soft_watermark", b"soft_watermark", "staleness_interval_ms", b"staleness_interval_ms", "summary_max_tokens", b"summary_max_tokens", "summary_prefix", b"summary_prefix", "window_tokens", b"window_tokens", "workload", b"workload"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_alpha", b"_alpha", "_anchor_budget_tokens", b"_anchor_budget_tokens", "_max_summary_generations", b"_max_summary_generations", "_relevance_floor", b"_relevance_floor", "_reserved_overhead_tokens", b"_reserved_overhead_tokens", "_soft_watermark", b"_soft_watermark", "_staleness_interval_ms", b"_staleness_interval_ms", "_summary_max_tokens", b"_summary_max_tokens", "_summary_prefix", b"_summary_prefix", "_window_tokens", b"_window_tokens", "alpha", b"alpha", "anchor_budget_tokens", b"anchor_budget_tokens", "anchor_policy", b"anchor_policy", "classifier", b"classifier", "classifier_tuning", b"classifier_tuning", "max_summary_generations", b"max_summary_generations", "mode", b"mode", "relevance", b"relevance", "relevance_floor", b"relevance_floor", "reserved_overhead_tokens", b"reserved_overhead_tokens", "soft_watermark", b"soft_watermark", "staleness_interval_ms", b"staleness_interval_ms", "summary_max_tokens", b"summary_max_tokens", "summary_prefix", b"summary_prefix", "summary_presentation", b"summary_presentation", "tokenizer", b"tokenizer", "trigger", b"trigger", "window_tokens", b"window_tokens", "workload", b"workload"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_alpha", b"_alpha"]) -> typing.Literal["alpha"] | None: ...
     @typing.overload
@@ -714,6 +767,8 @@ class SessionConfig(google.protobuf.message.Message):
     def WhichOneof(self, oneof_group: typing.Literal["_staleness_interval_ms", b"_staleness_interval_ms"]) -> typing.Literal["staleness_interval_ms"] | None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_summary_max_tokens", b"_summary_max_tokens"]) -> typing.Literal["summary_max_tokens"] | None: ...
+    @typing.overload
+    def WhichOneof(self, oneof_group: typing.Literal["_summary_prefix", b"_summary_prefix"]) -> typing.Literal["summary_prefix"] | None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_window_tokens", b"_window_tokens"]) -> typing.Literal["window_tokens"] | None: ...
 
@@ -1006,6 +1061,22 @@ class SpanInput(google.protobuf.message.Message):
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
+    @typing.final
+    class MetadataEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     ROLE_FIELD_NUMBER: builtins.int
     TEXT_FIELD_NUMBER: builtins.int
     SPAN_CLASS_FIELD_NUMBER: builtins.int
@@ -1013,6 +1084,9 @@ class SpanInput(google.protobuf.message.Message):
     PREDICATE_FIELD_NUMBER: builtins.int
     RELEVANCE_HINT_FIELD_NUMBER: builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: builtins.int
+    TOOL_NAME_FIELD_NUMBER: builtins.int
+    METADATA_FIELD_NUMBER: builtins.int
     role: global___Role.ValueType
     """Who produced it. Required."""
     text: builtins.str
@@ -1034,9 +1108,30 @@ class SpanInput(google.protobuf.message.Message):
     set. A key already used for other content is INVALID_ARGUMENT. Keys
     are kept as long as the session.
     """
+    tool_call_id: builtins.str
+    """The id pairing a tool call with its result: set it on the assistant
+    span that makes the call and on the tool span that answers it. The
+    live spans of a session sharing a tool_call_id are one tool exchange,
+    which a compaction evicts whole or not at all, and only when every
+    span of it may be evicted (a constraint among them keeps them all).
+    1 to 128 bytes without control characters; empty for none.
+    """
+    tool_name: builtins.str
+    """The tool's name, on a call or a result. At most 128 bytes without
+    control characters. Kept and returned; the broker does not read it.
+    """
     @property
     def predicate(self) -> global___Predicate:
         """For constraints: the caller's predicate. Unset parts are derived."""
+
+    @property
+    def metadata(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
+        """The caller's own attributes (a framework's message id, the item as the
+        framework holds it), kept and returned as given; the broker does not
+        read them. At most 32 entries; keys 1 to 128 bytes of
+        [A-Za-z0-9._:/-]; keys and values together at most 65,536 bytes. They
+        count toward a tenant's storage quota.
+        """
 
     def __init__(
         self,
@@ -1048,9 +1143,12 @@ class SpanInput(google.protobuf.message.Message):
         predicate: global___Predicate | None = ...,
         relevance_hint: builtins.float | None = ...,
         idempotency_key: builtins.str = ...,
+        tool_call_id: builtins.str = ...,
+        tool_name: builtins.str = ...,
+        metadata: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "_token_count", b"_token_count", "predicate", b"predicate", "relevance_hint", b"relevance_hint", "token_count", b"token_count"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "_token_count", b"_token_count", "idempotency_key", b"idempotency_key", "predicate", b"predicate", "relevance_hint", b"relevance_hint", "role", b"role", "span_class", b"span_class", "text", b"text", "token_count", b"token_count"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "_token_count", b"_token_count", "idempotency_key", b"idempotency_key", "metadata", b"metadata", "predicate", b"predicate", "relevance_hint", b"relevance_hint", "role", b"role", "span_class", b"span_class", "text", b"text", "token_count", b"token_count", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_relevance_hint", b"_relevance_hint"]) -> typing.Literal["relevance_hint"] | None: ...
     @typing.overload
@@ -1063,6 +1161,22 @@ class Span(google.protobuf.message.Message):
     """One span in a session."""
 
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    @typing.final
+    class MetadataEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
     SPAN_ID_FIELD_NUMBER: builtins.int
     ROLE_FIELD_NUMBER: builtins.int
@@ -1083,6 +1197,9 @@ class Span(google.protobuf.message.Message):
     RELEVANCE_HINT_FIELD_NUMBER: builtins.int
     ORIGINAL_TEXT_FIELD_NUMBER: builtins.int
     ORIGINAL_TOKENS_FIELD_NUMBER: builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: builtins.int
+    TOOL_NAME_FIELD_NUMBER: builtins.int
+    METADATA_FIELD_NUMBER: builtins.int
     span_id: builtins.int
     """The span's id, unique within its session, assigned on admission."""
     role: global___Role.ValueType
@@ -1122,6 +1239,10 @@ class Span(google.protobuf.message.Message):
     """
     original_tokens: builtins.int
     """For a compressed constraint: the tokens of `original_text`."""
+    tool_call_id: builtins.str
+    """The tool exchange it belongs to, as admitted (see SpanInput)."""
+    tool_name: builtins.str
+    """The tool's name, as admitted."""
     @property
     def predicate(self) -> global___Predicate:
         """For constraints: what it demands."""
@@ -1137,6 +1258,10 @@ class Span(google.protobuf.message.Message):
     @property
     def admitted_at(self) -> google.protobuf.timestamp_pb2.Timestamp:
         """When it was admitted."""
+
+    @property
+    def metadata(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
+        """The caller's attributes, as admitted."""
 
     def __init__(
         self,
@@ -1160,9 +1285,12 @@ class Span(google.protobuf.message.Message):
         relevance_hint: builtins.float | None = ...,
         original_text: builtins.str = ...,
         original_tokens: builtins.int = ...,
+        tool_call_id: builtins.str = ...,
+        tool_name: builtins.str = ...,
+        metadata: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "admitted_at", b"admitted_at", "predicate", b"predicate", "relevance_hint", b"relevance_hint"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "admitted_at", b"admitted_at", "anchors", b"anchors", "archived_by_seq", b"archived_by_seq", "class_rule", b"class_rule", "class_source", b"class_source", "generation", b"generation", "original_text", b"original_text", "original_tokens", b"original_tokens", "predicate", b"predicate", "relevance", b"relevance", "relevance_hint", b"relevance_hint", "role", b"role", "span_class", b"span_class", "span_id", b"span_id", "state", b"state", "summarized_span_ids", b"summarized_span_ids", "text", b"text", "tokens", b"tokens", "turn", b"turn"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_relevance_hint", b"_relevance_hint", "admitted_at", b"admitted_at", "anchors", b"anchors", "archived_by_seq", b"archived_by_seq", "class_rule", b"class_rule", "class_source", b"class_source", "generation", b"generation", "metadata", b"metadata", "original_text", b"original_text", "original_tokens", b"original_tokens", "predicate", b"predicate", "relevance", b"relevance", "relevance_hint", b"relevance_hint", "role", b"role", "span_class", b"span_class", "span_id", b"span_id", "state", b"state", "summarized_span_ids", b"summarized_span_ids", "text", b"text", "tokens", b"tokens", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name", "turn", b"turn"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["_relevance_hint", b"_relevance_hint"]) -> typing.Literal["relevance_hint"] | None: ...
 
 global___Span = Span
@@ -1687,6 +1815,118 @@ class DeleteSessionResponse(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["spans_deleted", b"spans_deleted"]) -> None: ...
 
 global___DeleteSessionResponse = DeleteSessionResponse
+
+@typing.final
+class RetractLastTurnRequest(google.protobuf.message.Message):
+    """RetractLastTurn."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: builtins.int
+    SPANS_FIELD_NUMBER: builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: builtins.int
+    session_id: builtins.str
+    """The session."""
+    spans: builtins.int
+    """How many of the newest live spans to take back, at most the server's
+    max_spans_per_turn. 0 takes back the newest turn: every live span of
+    the highest turn that still has one.
+    """
+    expected_revision: builtins.int
+    """When set, the session's revision must equal it (ABORTED, reason
+    STALE_REVISION, otherwise): an undo that cannot race another writer's
+    admission.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: builtins.str = ...,
+        spans: builtins.int = ...,
+        expected_revision: builtins.int | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "session_id", b"session_id", "spans", b"spans"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_expected_revision", b"_expected_revision"]) -> typing.Literal["expected_revision"] | None: ...
+
+global___RetractLastTurnRequest = RetractLastTurnRequest
+
+@typing.final
+class RetractLastTurnResponse(google.protobuf.message.Message):
+    """RetractLastTurn."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SPANS_FIELD_NUMBER: builtins.int
+    SESSION_FIELD_NUMBER: builtins.int
+    @property
+    def spans(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___Span]:
+        """The spans taken back, in prompt order, as they last stood."""
+
+    @property
+    def session(self) -> global___Session:
+        """The session after."""
+
+    def __init__(
+        self,
+        *,
+        spans: collections.abc.Iterable[global___Span] | None = ...,
+        session: global___Session | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["session", b"session"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["session", b"session", "spans", b"spans"]) -> None: ...
+
+global___RetractLastTurnResponse = RetractLastTurnResponse
+
+@typing.final
+class ResetSessionRequest(google.protobuf.message.Message):
+    """ResetSession."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: builtins.int
+    EXPECTED_REVISION_FIELD_NUMBER: builtins.int
+    session_id: builtins.str
+    """The session."""
+    expected_revision: builtins.int
+    """When set, the session's revision must equal it (ABORTED, reason
+    STALE_REVISION, otherwise).
+    """
+    def __init__(
+        self,
+        *,
+        session_id: builtins.str = ...,
+        expected_revision: builtins.int | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_expected_revision", b"_expected_revision", "expected_revision", b"expected_revision", "session_id", b"session_id"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_expected_revision", b"_expected_revision"]) -> typing.Literal["expected_revision"] | None: ...
+
+global___ResetSessionRequest = ResetSessionRequest
+
+@typing.final
+class ResetSessionResponse(google.protobuf.message.Message):
+    """ResetSession."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: builtins.int
+    SPANS_REMOVED_FIELD_NUMBER: builtins.int
+    spans_removed: builtins.int
+    """Live and archived spans removed."""
+    @property
+    def session(self) -> global___Session:
+        """The session after: no spans, its configuration and counters kept."""
+
+    def __init__(
+        self,
+        *,
+        session: global___Session | None = ...,
+        spans_removed: builtins.int = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["session", b"session"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["session", b"session", "spans_removed", b"spans_removed"]) -> None: ...
+
+global___ResetSessionResponse = ResetSessionResponse
 
 @typing.final
 class AdmitRequest(google.protobuf.message.Message):

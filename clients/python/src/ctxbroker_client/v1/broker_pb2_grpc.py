@@ -115,6 +115,16 @@ class ContextBrokerStub(object):
                 request_serializer=ctxbroker_dot_v1_dot_broker__pb2.ImportSessionRequest.SerializeToString,
                 response_deserializer=ctxbroker_dot_v1_dot_broker__pb2.ImportSessionResponse.FromString,
                 )
+        self.RetractLastTurn = channel.unary_unary(
+                '/ctxbroker.v1.ContextBroker/RetractLastTurn',
+                request_serializer=ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnRequest.SerializeToString,
+                response_deserializer=ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnResponse.FromString,
+                )
+        self.ResetSession = channel.unary_unary(
+                '/ctxbroker.v1.ContextBroker/ResetSession',
+                request_serializer=ctxbroker_dot_v1_dot_broker__pb2.ResetSessionRequest.SerializeToString,
+                response_deserializer=ctxbroker_dot_v1_dot_broker__pb2.ResetSessionResponse.FromString,
+                )
 
 
 class ContextBrokerServicer(object):
@@ -302,6 +312,28 @@ class ContextBrokerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RetractLastTurn(self, request, context):
+        """Takes back the newest live spans: an agent's undo of its last item or
+        turn. They leave the session outright, neither archived nor summarised,
+        with their idempotency keys (a key can then admit new content). No
+        marker is written: nothing was compacted. FAILED_PRECONDITION (reason
+        NOT_RETRACTABLE) when one of them is a summary, or when the session has
+        fewer live spans than asked for; nothing changes then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetSession(self, request, context):
+        """Empties a session: its live spans, archive, pins and idempotency keys
+        go; its configuration and counters stay (turns, ids and marker counts
+        go on from where they were, so ids are never given out twice). Markers
+        already published stay in the marker log.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextBrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -404,6 +436,16 @@ def add_ContextBrokerServicer_to_server(servicer, server):
                     servicer.ImportSession,
                     request_deserializer=ctxbroker_dot_v1_dot_broker__pb2.ImportSessionRequest.FromString,
                     response_serializer=ctxbroker_dot_v1_dot_broker__pb2.ImportSessionResponse.SerializeToString,
+            ),
+            'RetractLastTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetractLastTurn,
+                    request_deserializer=ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnRequest.FromString,
+                    response_serializer=ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnResponse.SerializeToString,
+            ),
+            'ResetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetSession,
+                    request_deserializer=ctxbroker_dot_v1_dot_broker__pb2.ResetSessionRequest.FromString,
+                    response_serializer=ctxbroker_dot_v1_dot_broker__pb2.ResetSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -753,5 +795,39 @@ class ContextBroker(object):
         return grpc.experimental.unary_unary(request, target, '/ctxbroker.v1.ContextBroker/ImportSession',
             ctxbroker_dot_v1_dot_broker__pb2.ImportSessionRequest.SerializeToString,
             ctxbroker_dot_v1_dot_broker__pb2.ImportSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RetractLastTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ctxbroker.v1.ContextBroker/RetractLastTurn',
+            ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnRequest.SerializeToString,
+            ctxbroker_dot_v1_dot_broker__pb2.RetractLastTurnResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/ctxbroker.v1.ContextBroker/ResetSession',
+            ctxbroker_dot_v1_dot_broker__pb2.ResetSessionRequest.SerializeToString,
+            ctxbroker_dot_v1_dot_broker__pb2.ResetSessionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -213,6 +213,28 @@ class ContextBrokerStub:
     on any failure.
     """
 
+    RetractLastTurn: grpc.UnaryUnaryMultiCallable[
+        broker_pb2.RetractLastTurnRequest,
+        broker_pb2.RetractLastTurnResponse,
+    ]
+    """Takes back the newest live spans: an agent's undo of its last item or
+    turn. They leave the session outright, neither archived nor summarised,
+    with their idempotency keys (a key can then admit new content). No
+    marker is written: nothing was compacted. FAILED_PRECONDITION (reason
+    NOT_RETRACTABLE) when one of them is a summary, or when the session has
+    fewer live spans than asked for; nothing changes then.
+    """
+
+    ResetSession: grpc.UnaryUnaryMultiCallable[
+        broker_pb2.ResetSessionRequest,
+        broker_pb2.ResetSessionResponse,
+    ]
+    """Empties a session: its live spans, archive, pins and idempotency keys
+    go; its configuration and counters stay (turns, ids and marker counts
+    go on from where they were, so ids are never given out twice). Markers
+    already published stay in the marker log.
+    """
+
 class ContextBrokerAsyncStub:
     """The context broker."""
 
@@ -389,6 +411,28 @@ class ContextBrokerAsyncStub:
     record at fault) when the snapshot is malformed, damaged or
     inconsistent; RESOURCE_EXHAUSTED at max_sessions. Nothing is written
     on any failure.
+    """
+
+    RetractLastTurn: grpc.aio.UnaryUnaryMultiCallable[
+        broker_pb2.RetractLastTurnRequest,
+        broker_pb2.RetractLastTurnResponse,
+    ]
+    """Takes back the newest live spans: an agent's undo of its last item or
+    turn. They leave the session outright, neither archived nor summarised,
+    with their idempotency keys (a key can then admit new content). No
+    marker is written: nothing was compacted. FAILED_PRECONDITION (reason
+    NOT_RETRACTABLE) when one of them is a summary, or when the session has
+    fewer live spans than asked for; nothing changes then.
+    """
+
+    ResetSession: grpc.aio.UnaryUnaryMultiCallable[
+        broker_pb2.ResetSessionRequest,
+        broker_pb2.ResetSessionResponse,
+    ]
+    """Empties a session: its live spans, archive, pins and idempotency keys
+    go; its configuration and counters stay (turns, ids and marker counts
+    go on from where they were, so ids are never given out twice). Markers
+    already published stay in the marker log.
     """
 
 class ContextBrokerServicer(metaclass=abc.ABCMeta):
@@ -607,6 +651,32 @@ class ContextBrokerServicer(metaclass=abc.ABCMeta):
         record at fault) when the snapshot is malformed, damaged or
         inconsistent; RESOURCE_EXHAUSTED at max_sessions. Nothing is written
         on any failure.
+        """
+
+    @abc.abstractmethod
+    def RetractLastTurn(
+        self,
+        request: broker_pb2.RetractLastTurnRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[broker_pb2.RetractLastTurnResponse, collections.abc.Awaitable[broker_pb2.RetractLastTurnResponse]]:
+        """Takes back the newest live spans: an agent's undo of its last item or
+        turn. They leave the session outright, neither archived nor summarised,
+        with their idempotency keys (a key can then admit new content). No
+        marker is written: nothing was compacted. FAILED_PRECONDITION (reason
+        NOT_RETRACTABLE) when one of them is a summary, or when the session has
+        fewer live spans than asked for; nothing changes then.
+        """
+
+    @abc.abstractmethod
+    def ResetSession(
+        self,
+        request: broker_pb2.ResetSessionRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[broker_pb2.ResetSessionResponse, collections.abc.Awaitable[broker_pb2.ResetSessionResponse]]:
+        """Empties a session: its live spans, archive, pins and idempotency keys
+        go; its configuration and counters stay (turns, ids and marker counts
+        go on from where they were, so ids are never given out twice). Markers
+        already published stay in the marker log.
         """
 
 def add_ContextBrokerServicer_to_server(servicer: ContextBrokerServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...
