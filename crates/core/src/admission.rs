@@ -21,7 +21,7 @@ use crate::span::{
     SpanId,
 };
 use crate::tokens::TokenCounter;
-use crate::verify::{Incoming, verify_refs};
+use crate::verify::{IncomingTurn, verify_refs};
 
 /// What an admission needs to know.
 #[derive(Debug, Clone, Copy)]
@@ -195,7 +195,7 @@ pub(crate) fn decide_with<'f, T>(
     let made = made_spans(input.live, &plan);
     let rows = LiveRow::of_spans(facts, input.live);
     let post = apply_refs(input.live, &rows, &plan, &made);
-    let turn = Incoming {
+    let turn = IncomingTurn {
         tokens: incoming,
         tool_calls: &held,
     };

@@ -73,11 +73,6 @@ impl<'a> Exchanges<'a> {
         self.group(i).is_none_or(|g| self.evictable[g])
     }
 
-    /// The indices of group `g`'s spans.
-    pub(crate) fn members(&self, g: usize) -> &[usize] {
-        self.groups.get(g).map_or(&[], |(_, m)| m.as_slice())
-    }
-
     /// Every group: its id, its members, and whether it may go.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&'a str, &[usize], bool)> + '_ {
         self.groups
@@ -115,7 +110,8 @@ mod tests {
         let ex = Exchanges::of(&live, &rows, &["b"]);
         assert_eq!(ex.group(0), ex.group(2));
         assert!(ex.group(1).is_none());
-        assert_eq!(ex.members(0), &[0, 2]);
+        let members: Vec<&[usize]> = ex.iter().map(|(_, m, _)| m).collect();
+        assert_eq!(members[0], &[0, 2]);
         assert!(ex.may_evict(0) && ex.may_evict(1) && ex.may_evict(2));
         assert!(!ex.may_evict(3), "held by the incoming turn");
         let pinned = live[5].is_pinned();

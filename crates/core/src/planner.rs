@@ -221,9 +221,9 @@ pub(crate) fn plan_described(
     // key (its highest relevance, its first position), so that they stand
     // side by side in the order, and an exchange that may not go is kept.
     let exchanges = Exchanges::of(live, rows, input.held_tool_calls);
-    let exchange_key: Vec<(f64, u64)> = (0..exchanges.iter().count())
-        .map(|g| {
-            let members = exchanges.members(g);
+    let exchange_key: Vec<(f64, u64)> = exchanges
+        .iter()
+        .map(|(_, members, _)| {
             let rel = members.iter().map(|&i| relevance[i]).fold(0.0, f64::max);
             let pos = members.iter().map(|&i| rows[i].position).min().unwrap_or(0);
             (rel, pos)
@@ -231,9 +231,14 @@ pub(crate) fn plan_described(
         .collect();
     for (i, s) in rows.iter().enumerate() {
         before += u64::from(s.tokens);
-        if s.is_protected() && !s.exchange {
+        // A span of an exchange that may not go is kept, whatever its
+        // class (such an exchange holds a span that is not narrative).
+        if s.is_pinned() || !exchanges.may_evict(i) {
+            continue;
+        }
+        if s.is_protected() {
             tier.push(i);
-        } else if !s.is_pinned() && exchanges.may_evict(i) && !s.is_protected() {
+        } else {
             let (rel, pos) = match exchanges.group(i) {
                 Some(g) => exchange_key[g],
                 None => (relevance[i], s.position),
@@ -953,7 +958,7 @@ mod tests {
     ) -> crate::plan::Verdict {
         let post = apply(live, plan);
         let refs: Vec<&Span> = post.iter().collect();
-        let turn = crate::verify::Incoming {
+        let turn = crate::verify::IncomingTurn {
             tokens: incoming,
             tool_calls: held,
         };

@@ -429,13 +429,7 @@ impl Broker {
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         // Read before the delete, under the session's turn: what the
         // tenant gets back.
-        let bytes = match self.quotas.counts_bytes(tenant) {
-            true => {
-                let owned = id.to_owned();
-                blocking::read(&self.store, move |store| store.session_text_bytes(&owned)).await?
-            }
-            false => 0,
-        };
+        let bytes = self.counted_bytes(tenant, id).await?;
         loaded.stale = true;
         let ack = self
             .store
@@ -496,6 +490,17 @@ impl Broker {
         Ok((retraction.spans, record))
     }
 
+    /// The text bytes session `id` holds in the store, when its tenant's
+    /// storage is counted (0 otherwise): what emptying it gives back. Read
+    /// under the session's turn.
+    async fn counted_bytes(&self, tenant: Option<&str>, id: &str) -> Result<u64, ApiError> {
+        if !self.quotas.counts_bytes(tenant) {
+            return Ok(0);
+        }
+        let owned = id.to_owned();
+        blocking::read(&self.store, move |store| store.session_text_bytes(&owned)).await
+    }
+
     /// Empties a session, keeping its configuration and counters, when
     /// its revision is `expected_revision` if one is given. Returns the
     /// record after and the spans removed, live and archived.
@@ -508,13 +513,7 @@ impl Broker {
         self.quotas.load(&self.store, tenant).await?;
         let mut loaded = self.sessions.lock(&self.store, id).await?;
         check_expected(&loaded, expected_revision)?;
-        let bytes = match self.quotas.counts_bytes(tenant) {
-            true => {
-                let owned = id.to_owned();
-                blocking::read(&self.store, move |store| store.session_text_bytes(&owned)).await?
-            }
-            false => 0,
-        };
+        let bytes = self.counted_bytes(tenant, id).await?;
         let record = loaded.session.reset(now_ms());
         loaded.stale = true;
         let ack = self

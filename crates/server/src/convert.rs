@@ -209,6 +209,7 @@ pub fn predicate_to_pb(predicate: &Predicate) -> pb::Predicate {
 /// The wire form of a span. `relevance` is filled where it was computed.
 pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
     let (state, archived_by_seq) = state_to_pb(state);
+    let attributes = span.attributes.as_deref().cloned().unwrap_or_default();
     pb::Span {
         span_id: span.id,
         role: role_to_pb(span.role) as i32,
@@ -241,15 +242,9 @@ pub fn span_to_pb(span: &Span, state: SpanState, relevance: f64) -> pb::Span {
             .map(|o| o.text.clone())
             .unwrap_or_default(),
         original_tokens: span.original.as_ref().map_or(0, |o| o.tokens),
-        tool_call_id: (span.attributes.as_deref())
-            .map(|a| a.tool_call_id.clone())
-            .unwrap_or_default(),
-        tool_name: (span.attributes.as_deref())
-            .map(|a| a.tool_name.clone())
-            .unwrap_or_default(),
-        metadata: (span.attributes.as_deref())
-            .map(|a| a.metadata.clone().into_iter().collect())
-            .unwrap_or_default(),
+        tool_call_id: attributes.tool_call_id,
+        tool_name: attributes.tool_name,
+        metadata: attributes.metadata.into_iter().collect(),
     }
 }
 

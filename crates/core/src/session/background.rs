@@ -11,7 +11,7 @@ use crate::planner::{self, PlanInput, SummaryRoom, SummarySlot};
 use crate::span::{Span, SpanClass};
 use crate::tokens::TokenCounter;
 use crate::trigger;
-use crate::verify::{Incoming, verify_refs};
+use crate::verify::{IncomingTurn, verify_refs};
 
 impl Session {
     /// Background pre-compaction (trigger SOFT_WATERMARK): when live is above the soft watermark, plans down to
@@ -175,7 +175,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            Incoming::tokens(0),
+            IncomingTurn::tokens(0),
             &self.record.config,
             counter,
         )

@@ -11,7 +11,7 @@ use crate::plan::{CompressedForm, Plan, Verdict, Violation, ViolationKind};
 use crate::planner::{self, PlanInput};
 use crate::span::{ClassSource, Classification, Span, SpanClass, SpanId, SummaryInfo};
 use crate::tokens::TokenCounter;
-use crate::verify::{Incoming, verify_refs};
+use crate::verify::{IncomingTurn, verify_refs};
 
 /// A plan's handle: a plan is a pure function of the session's state at a
 /// revision and of the request, so the handle holds the request and the
@@ -135,7 +135,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            Incoming::tokens(incoming_tokens),
+            IncomingTurn::tokens(incoming_tokens),
             config,
             counter,
         );
@@ -228,7 +228,7 @@ impl Session {
             self.facts(),
             &plan,
             &post,
-            Incoming::tokens(plan_id.incoming_tokens),
+            IncomingTurn::tokens(plan_id.incoming_tokens),
             config,
             counter,
         );

@@ -66,7 +66,7 @@ pub fn verify_with(
         facts,
         plan,
         &post,
-        Incoming::tokens(incoming_tokens),
+        IncomingTurn::tokens(incoming_tokens),
         config,
         counter,
     )
@@ -80,11 +80,11 @@ pub(crate) fn verify_refs(
     facts: Option<&LiveFacts>,
     plan: &Plan,
     post: &[&Span],
-    incoming: Incoming<'_>,
+    incoming: IncomingTurn<'_>,
     config: &SessionConfig,
     counter: &dyn TokenCounter,
 ) -> Verdict {
-    let Incoming {
+    let IncomingTurn {
         tokens: incoming_tokens,
         tool_calls: held_tool_calls,
     } = incoming;
@@ -126,15 +126,15 @@ pub(crate) fn verify_refs(
 /// tool call ids of its spans (the exchanges it continues, which must stay
 /// whole).
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Incoming<'a> {
+pub(crate) struct IncomingTurn<'a> {
     pub(crate) tokens: u64,
     pub(crate) tool_calls: &'a [&'a str],
 }
 
-impl Incoming<'_> {
+impl IncomingTurn<'_> {
     /// A turn of `tokens` that continues no tool exchange.
     pub(crate) fn tokens(tokens: u64) -> Self {
-        Incoming {
+        IncomingTurn {
             tokens,
             tool_calls: &[],
         }

@@ -346,16 +346,7 @@ pub(super) fn apply(
             if stage.get(TreeId::Sessions, &key)?.is_none() {
                 return Err(StoreError::SessionNotFound { id });
             }
-            let prefix = keys::session_prefix(&id);
-            let mut spans_deleted = 0;
-            for tree in TreeId::PER_SESSION {
-                for key in stage.scan_keys(tree, &prefix)? {
-                    if matches!(tree, TreeId::Spans | TreeId::Archive) {
-                        spans_deleted += 1;
-                    }
-                    stage.del(tree, key);
-                }
-            }
+            let spans_deleted = delete_contents(stage, &id)?;
             stage.del(TreeId::Sessions, key);
             effects.sessions -= 1;
             effects.reset.push(id.clone());
@@ -378,16 +369,7 @@ pub(super) fn apply(
             let stored = load_session(stage, session)?;
             check_revision(session, expected_revision, &stored)?;
             check_next_span_id(session, &stored, &record)?;
-            let prefix = keys::session_prefix(session);
-            let mut spans_deleted = 0;
-            for tree in TreeId::PER_SESSION {
-                for key in stage.scan_keys(tree, &prefix)? {
-                    if matches!(tree, TreeId::Spans | TreeId::Archive) {
-                        spans_deleted += 1;
-                    }
-                    stage.del(tree, key);
-                }
-            }
+            let spans_deleted = delete_contents(stage, session)?;
             put_session(stage, &record);
             effects.reset.push(record.id.clone());
             Ok(WriteAck {
@@ -397,6 +379,23 @@ pub(super) fn apply(
         }
         WriteOp::Change { change, keys } => write_change(stage, change, keys, seq, effects),
     }
+}
+
+/// Deletes everything a session owns but its record (live spans, pins,
+/// archive, keys, term rows); returns the spans deleted, live and
+/// archived.
+fn delete_contents(stage: &mut Stage<'_>, session: &str) -> Result<u64, StoreError> {
+    let prefix = keys::session_prefix(session);
+    let mut spans_deleted = 0;
+    for tree in TreeId::PER_SESSION {
+        for key in stage.scan_keys(tree, &prefix)? {
+            if matches!(tree, TreeId::Spans | TreeId::Archive) {
+                spans_deleted += 1;
+            }
+            stage.del(tree, key);
+        }
+    }
+    Ok(spans_deleted)
 }
 
 /// Takes back live spans: each must stand at its position; its span,

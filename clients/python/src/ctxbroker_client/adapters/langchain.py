@@ -146,15 +146,19 @@ class CtxbrokerChatMessageHistory(BaseChatMessageHistory):
             return ToolMessage(content=s.text, tool_call_id=s.tool_call_id)
         return HumanMessage(content=s.text)
 
-    def _learn(self, spans: Sequence[pb.Span]) -> None:
-        """Learns the exchanges of the AI messages among ``spans``."""
+    def _learn(self, spans: Sequence[pb.Span]) -> list[BaseMessage]:
+        """The messages of ``spans``, learning the exchanges of the AI
+        messages among them."""
         self._learned = True
+        messages = []
         for s in spans:
             message = self.message_of(s)
             if isinstance(message, AIMessage):
                 for call in message.tool_calls:
                     if call.get("id"):
                         self._exchange.setdefault(str(call["id"]), s.tool_call_id)
+            messages.append(message)
+        return messages
 
     def learn_once(self) -> None:
         """Learns the live exchanges once, so that a tool message answering
@@ -165,9 +169,7 @@ class CtxbrokerChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         """The broker's live context, as messages."""
-        spans = self.broker.get_context(self.session_id).spans
-        self._learn(spans)
-        return [self.message_of(s) for s in spans]
+        return self._learn(self.broker.get_context(self.session_id).spans)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Admits the messages as one turn (nothing when there are none)."""
