@@ -29,6 +29,7 @@ use tracing::{Span as TraceSpan, info, info_span, instrument, warn};
 use crate::blocking;
 use crate::config::Limits;
 use crate::error::{ApiError, BadField, Escalation, Refused};
+use crate::idempotency::KeyFilter;
 use crate::quota::{Hold, Quotas};
 use crate::scheduler::Scheduler;
 use crate::sessions::{Loaded, Sessions};
@@ -224,12 +225,17 @@ impl Broker {
             false => 0,
         };
         loaded.stale = true;
+        let noted: Vec<String> = match loaded.keys() {
+            Some(_) => keys.iter().map(|(key, _)| key.clone()).collect(),
+            None => Vec::new(),
+        };
         let change_write = WriteOp::Change {
             change: change.clone(),
             keys,
         };
         let ack = self.store.write(change_write).await?;
         loaded.apply(change);
+        loaded.note_keys(noted.iter().map(String::as_str));
         loaded.stale = false;
         self.quotas.settle(tenant, delta, hold);
         Ok(ack.marker_seq)
@@ -353,7 +359,7 @@ impl Broker {
                 .await
                 .map(|_| ())
         };
-        let record = self.adopt_session(session, 0, write).await?;
+        let record = self.adopt_session(session, 0, true, write).await?;
         info!(
             session_id = id,
             window = record.config.window_tokens,
@@ -546,10 +552,13 @@ impl Broker {
     /// like any other, with its staleness guard and, when it stands above
     /// its soft watermark with a turn since its last compaction, the
     /// background pre-compaction its own server would have queued.
+    /// `created` says the session is new, so it has no idempotency key
+    /// (an imported one may have some: they are read when first needed).
     pub async fn adopt_session(
         &self,
         session: Session,
         text_bytes: u64,
+        created: bool,
         write: impl Future<Output = Result<(), ctxbroker_store::StoreError>>,
     ) -> Result<SessionRecord, ApiError> {
         let id = session.record.id.clone();
@@ -574,7 +583,10 @@ impl Broker {
         let record = session.record.clone();
         self.sessions
             .remember_tokenizer(&id, record.config.tokenizer);
-        *slot = Some(Loaded::new(session));
+        *slot = Some(match created {
+            true => Loaded::created(session),
+            false => Loaded::new(session),
+        });
         drop(slot);
         self.scheduler.guard(&record);
         self.scheduler.queue_soft(&record);
@@ -649,7 +661,7 @@ impl Broker {
                 span.tokens = counter.count(&span.text);
             }
         }
-        if keyed && let Some(replay) = self.replay(&loaded, &incoming, &keys).await? {
+        if keyed && let Some(replay) = self.replay(&mut loaded, &incoming, &keys).await? {
             info!(
                 session_id = id,
                 turn = replay.turn,
@@ -702,13 +714,31 @@ impl Broker {
     /// and text, in the same order, as one turn. `None` when no key was
     /// admitted before; INVALID_ARGUMENT, naming each key, when some were
     /// and the turn is not exactly their retry.
+    ///
+    /// Answered from the session's [`KeyFilter`] when no key may have been
+    /// admitted (read from the store once, on the first keyed turn after
+    /// the session is loaded); the store is read only for possible
+    /// repeats.
     async fn replay(
         &self,
-        loaded: &Loaded,
+        loaded: &mut Loaded,
         incoming: &[Incoming],
         keys: &[String],
     ) -> Result<Option<Admitted>, ApiError> {
         let id = loaded.session.record.id.clone();
+        if loaded.keys().is_none() {
+            let read_id = id.clone();
+            let stored =
+                blocking::read(&self.store, move |store| store.idempotency_keys(&read_id)).await?;
+            loaded.know_keys(KeyFilter::of(stored.iter().map(String::as_str)));
+        }
+        if let Some(filter) = loaded.keys()
+            && !keys
+                .iter()
+                .any(|key| !key.is_empty() && filter.may_hold(key))
+        {
+            return Ok(None);
+        }
         let keys = keys.to_vec();
         let found =
             blocking::read(&self.store, move |store| store.spans_by_keys(&id, &keys)).await?;

@@ -13,6 +13,7 @@ pub mod config;
 pub mod convert;
 pub mod error;
 pub mod hub;
+pub mod idempotency;
 pub mod incoming;
 pub mod metrics;
 pub mod quota;

@@ -44,6 +44,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::blocking;
 use crate::error::ApiError;
+use crate::idempotency::KeyFilter;
 
 /// The default of `session_cache_bytes`, a quarter of the default
 /// `memory_budget_bytes`: 64 MiB of idle sessions, about a hundred
@@ -68,6 +69,10 @@ pub struct Loaded {
     /// as it was and is not estimated again, and a change that only
     /// appends adds its spans to it (see [`Loaded::apply`]).
     estimated: Option<(u64, u64)>,
+    /// The session's idempotency keys, once read from the store (or known
+    /// to be none): `None` until a keyed turn first needs them. Every key
+    /// the session writes after is added (see [`KeyFilter`]).
+    keys: Option<KeyFilter>,
 }
 
 impl Loaded {
@@ -78,6 +83,35 @@ impl Loaded {
             stale: false,
             gone: false,
             estimated: None,
+            keys: None,
+        }
+    }
+
+    /// A session just created: it has admitted nothing, so no key.
+    pub fn created(session: Session) -> Self {
+        Loaded {
+            keys: Some(KeyFilter::default()),
+            ..Loaded::new(session)
+        }
+    }
+
+    /// The session's idempotency keys, when known.
+    pub fn keys(&self) -> Option<&KeyFilter> {
+        self.keys.as_ref()
+    }
+
+    /// Adopts the keys read from the store.
+    pub fn know_keys(&mut self, keys: KeyFilter) {
+        self.keys = Some(keys);
+    }
+
+    /// Notes keys the store acknowledged writing (no-op while the keys are
+    /// not known: they are read whole when first needed).
+    pub fn note_keys<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) {
+        if let Some(filter) = self.keys.as_mut() {
+            for key in keys {
+                filter.insert(key);
+            }
         }
     }
 
@@ -97,7 +131,7 @@ impl Loaded {
                 bytes
             }
         };
-        spans + facts_estimate(&self.session)
+        spans + facts_estimate(&self.session) + self.keys.as_ref().map_or(0, KeyFilter::heap_bytes)
     }
 
     /// Adopts a retraction the store acknowledged; the estimate is made
@@ -111,6 +145,8 @@ impl Loaded {
     pub fn apply_reset(&mut self, record: SessionRecord) {
         self.session.apply_reset(record);
         self.estimated = None;
+        // A reset deletes every key with the spans.
+        self.keys = Some(KeyFilter::default());
     }
 
     /// Adopts a change the store acknowledged (`Session::apply`). A change

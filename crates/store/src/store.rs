@@ -428,6 +428,29 @@ impl Store {
         Ok(out)
     }
 
+    /// Every idempotency key the session has admitted a span with, in key
+    /// order: what a server needs to answer "is this key new" without a
+    /// read per turn. A key that is not UTF-8 is refused as corrupt.
+    pub fn idempotency_keys(&self, session: &str) -> Result<Vec<String>, StoreError> {
+        self.reading("idempotency_keys");
+        keys::check_session_id(session)?;
+        let _snapshot = self.snapshot();
+        self.require_session(session)?;
+        let prefix = keys::session_prefix(session);
+        let tree = &self.inner.trees.keys;
+        let mut out = Vec::new();
+        for entry in tree.scan_prefix(&prefix).keys() {
+            let key = entry.map_err(StoreError::engine)?;
+            let text = key
+                .get(prefix.len()..)
+                .and_then(|rest| std::str::from_utf8(rest).ok())
+                .ok_or_else(|| record::corrupt(TreeId::Keys, &key, "the key is not UTF-8"))?;
+            out.push(text.to_owned());
+        }
+        count_walk(tree.scan_prefix(&prefix))?;
+        Ok(out)
+    }
+
     /// A session's pin set: its live constraints and their predicates, in
     /// span id order.
     pub fn pins(&self, session: &str) -> Result<Vec<Pin>, StoreError> {

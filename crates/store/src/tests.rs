@@ -504,6 +504,12 @@ async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_go
     let found = by_key(&store, "turn-1/a").unwrap();
     assert_eq!(found.span.id, 1);
     assert!(matches!(found.state, SpanState::Archived { .. }));
+    // The session's keys, listed whole, archived span's included; the
+    // refused writes added none.
+    assert_eq!(
+        store.idempotency_keys("k").unwrap(),
+        vec!["turn-1/a".to_owned(), "turn-1/b".to_owned()]
+    );
 
     // Deleted with the session; a new session of that id starts afresh.
     store
@@ -517,6 +523,7 @@ async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_go
         .await
         .unwrap();
     assert!(by_key(&store, "turn-1/a").is_none());
+    assert!(store.idempotency_keys("k").unwrap().is_empty());
     assert_eq!(
         keys::render(TreeId::Keys, &keys::session_text_key("k", "t/1")),
         "\"k\"/key \"t/1\""
