@@ -18,7 +18,9 @@ use crate::model::{
     WriteOp,
 };
 use crate::record::{self, FORMAT_VERSION};
-use crate::writer::{EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer};
+use crate::writer::{
+    Encoded, EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer,
+};
 
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
@@ -61,6 +63,10 @@ impl fmt::Debug for Store {
 /// a process still exiting) lets go of it from its own threads, a moment
 /// after the last handle is dropped. A directory held longer — another
 /// daemon serving it — is refused after this wait.
+/// The most new text a write's rows are encoded for on the calling task;
+/// a larger change is encoded on the blocking pool (see [`Store::write`]).
+pub(crate) const ENCODE_INLINE_BYTES: usize = 64 << 10;
+
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Opens the engine, waiting at most [`LOCK_WAIT`] for the directory's
@@ -181,19 +187,43 @@ impl Store {
     ///
     /// A write whose caller stops waiting after it was queued may still be
     /// applied.
+    ///
+    /// The rows of the write's new spans are encoded here, by the calling
+    /// task, so that the one writer thread only checks and applies them; a
+    /// change with more than [`ENCODE_INLINE_BYTES`] of new text is encoded
+    /// on the blocking pool, off the async workers.
     pub async fn write(&self, op: WriteOp) -> Result<WriteAck, StoreError> {
-        self.submit(Op::Write(op)).await
+        let (op, encoded) = if Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES {
+            let encoded = Encoded::of(&op);
+            (op, encoded)
+        } else {
+            tokio::task::spawn_blocking(move || {
+                let encoded = Encoded::of(&op);
+                (op, encoded)
+            })
+            .await
+            .map_err(|err| match err.is_cancelled() {
+                // The runtime is shutting down.
+                true => StoreError::Closed,
+                false => StoreError::Engine(format!("encoding the write's rows failed: {err}")),
+            })?
+        };
+        self.send(Op::Write(op), encoded).await
     }
 
     /// Queues anything the writer applies; see [`Store::write`].
     pub(crate) async fn submit(&self, op: Op) -> Result<WriteAck, StoreError> {
+        self.send(op, Encoded::default()).await
+    }
+
+    async fn send(&self, op: Op, encoded: Encoded) -> Result<WriteAck, StoreError> {
         if self.inner.shared.closing.load(Ordering::SeqCst) {
             return Err(StoreError::Closed);
         }
         let (ack, outcome) = oneshot::channel();
         self.inner
             .queue
-            .send(Msg::Write(Request { op, ack }))
+            .send(Msg::Write(Request { op, ack, encoded }))
             .await
             .map_err(|_| StoreError::Closed)?;
         outcome.await.map_err(|_| StoreError::Closed)?

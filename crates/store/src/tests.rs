@@ -983,3 +983,43 @@ async fn retract_and_reset_remove_what_they_name_and_nothing_else() {
         "other sessions untouched"
     );
 }
+
+/// Writes the same turns to two stores, one through [`Store::write`]
+/// (rows encoded by the calling task, or on the blocking pool for a large
+/// change) and one through the writer alone, and compares every row: a
+/// plain turn, a large one, and a compaction whose summary stands at a
+/// position other than its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_encoded_before_the_writer_equal_the_writers_own() {
+    let turns = || {
+        let mut s = Session::new("e");
+        let create = s.create();
+        let plain = s.admit(vec![span(1), constraint(2, "never touch prod")]);
+        let large = Span {
+            text: "a large tool output, writer.rs line 12 failed ".repeat(2_000),
+            ..span(3)
+        };
+        assert!(large.text.len() > crate::store::ENCODE_INLINE_BYTES);
+        let large = s.admit(vec![large]);
+        let next = s.next_spans(2);
+        let (compacting, summary) = s.admit_compacting(vec![1, 3], 1, Vec::new(), next);
+        assert_ne!(summary.id, summary.position);
+        vec![create, plain, large, compacting]
+    };
+    let mut rows = Vec::new();
+    for through_write in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        for op in turns() {
+            match through_write {
+                true => store.write(op).await.unwrap(),
+                false => store.submit(crate::writer::Op::Write(op)).await.unwrap(),
+            };
+        }
+        rows.push(admission_rows(&store));
+        store.close().unwrap();
+    }
+    assert_eq!(rows[0].len(), rows[1].len());
+    assert!(rows[0].iter().any(|(tree, _, _)| *tree == TreeId::Terms));
+    assert_eq!(rows[0], rows[1]);
+}

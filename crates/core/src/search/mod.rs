@@ -113,30 +113,28 @@ pub struct TermVector {
 }
 
 impl TermVector {
-    /// The vector of `text`.
+    /// The vector of `text`: the terms of [`index_terms`] under their
+    /// keys, counts of terms sharing a key added up, each at most 255.
+    /// One pass over the text: each occurrence's key is taken as it is
+    /// met, and the keys are sorted and counted after, so no term is
+    /// copied.
     pub fn of(text: &str) -> TermVector {
-        let indexed = index_terms(text);
-        let mut entries: Vec<u32> = Vec::with_capacity(indexed.terms.len());
-        let mut keyed: Vec<(u32, u32)> = indexed
-            .terms
-            .iter()
-            .map(|(term, n)| (term_key(term), *n))
-            .collect();
-        keyed.sort_unstable();
-        for (key, n) in keyed {
+        let mut keys: Vec<u32> = Vec::new();
+        relevance::for_each_term(text, |word, _, _| keys.push(term_key(cut(word))));
+        let length = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        keys.sort_unstable();
+        let mut entries: Vec<u32> = Vec::new();
+        for key in keys {
             match entries.last_mut() {
-                // Two terms under one key: their counts add up.
                 Some(last) if *last >> 8 == key => {
-                    let sum = (*last & 0xff) + n;
-                    *last = (key << 8) | sum.min(255);
+                    if *last & 0xff < 255 {
+                        *last += 1;
+                    }
                 }
-                _ => entries.push((key << 8) | n.clamp(1, 255)),
+                _ => entries.push((key << 8) | 1),
             }
         }
-        TermVector {
-            length: indexed.length,
-            entries,
-        }
+        TermVector { length, entries }
     }
 
     /// How often a term of `key` appears: 0 when none does.
@@ -413,6 +411,78 @@ mod tests {
             entries: vec![(5 << 8) | 1, (3 << 8) | 1],
         };
         assert!(!unsorted.is_well_formed());
+    }
+
+    /// The vector as [`TermVector::of`] defines it: the distinct terms of
+    /// [`index_terms`], each keyed, counts of one key added up and capped.
+    fn vector_of_distinct_terms(text: &str) -> TermVector {
+        let indexed = index_terms(text);
+        let mut keyed: Vec<(u32, u32)> = indexed
+            .terms
+            .iter()
+            .map(|(term, n)| (term_key(term), *n))
+            .collect();
+        keyed.sort_unstable();
+        let mut entries: Vec<u32> = Vec::new();
+        for (key, n) in keyed {
+            match entries.last_mut() {
+                Some(last) if *last >> 8 == key => {
+                    *last = (key << 8) | ((*last & 0xff) + n).min(255);
+                }
+                _ => entries.push((key << 8) | n.clamp(1, 255)),
+            }
+        }
+        TermVector {
+            length: indexed.length,
+            entries,
+        }
+    }
+
+    #[test]
+    fn the_one_pass_vector_is_the_vector_of_the_distinct_terms() {
+        let mut rng = crate::testing::Rng(7);
+        let long = ["x".repeat(80), "é".repeat(40)];
+        let mut pieces = vec![
+            "writer",
+            "Writer",
+            "WRITER",
+            "src/store/writer.rs",
+            "E0308",
+            "web-1",
+            "a",
+            "in",
+            "the",
+            "é",
+            "Ünïcödé",
+            "日本語",
+            "𝔘𝔫𝔦",
+            " ",
+            "\n",
+            "::",
+            "--",
+            "1",
+            "42",
+            "_under_score",
+            "don't",
+            "\u{200b}",
+        ];
+        pieces.extend(long.iter().map(String::as_str));
+        for case in 0..400 {
+            let words = rng.index(if case % 10 == 0 { 700 } else { 40 });
+            let mut text = String::new();
+            for _ in 0..words {
+                text.push_str(pieces[rng.index(pieces.len())]);
+                if rng.below(3) > 0 {
+                    text.push(' ');
+                }
+            }
+            let fast = TermVector::of(&text);
+            assert_eq!(fast, vector_of_distinct_terms(&text), "{text:?}");
+            assert!(fast.is_well_formed());
+        }
+        // Counts past 255 and terms of colliding keys add up the same way.
+        let many = "word ".repeat(300) + &"other ".repeat(200);
+        assert_eq!(TermVector::of(&many), vector_of_distinct_terms(&many));
     }
 
     #[test]

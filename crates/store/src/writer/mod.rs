@@ -165,6 +165,9 @@ pub(crate) type Ack = oneshot::Sender<Result<WriteAck, StoreError>>;
 pub(crate) struct Request {
     pub(crate) op: Op,
     pub(crate) ack: Ack,
+    /// The rows of the write's new spans, encoded by the task that queued
+    /// it (see [`Encoded`]).
+    pub(crate) encoded: Encoded,
 }
 
 /// What the writer applies: a public write, or an import of a whole
@@ -301,6 +304,7 @@ impl Writer {
         for request in batch {
             let mut effects = Effects::default();
             let appends_to = append_only_session(&request.op);
+            stage.use_encoded(request.encoded);
             match apply(&mut stage, request.op, next_seq, &mut effects) {
                 Ok(ack) => {
                     stage.keep();

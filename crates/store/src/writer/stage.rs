@@ -22,6 +22,81 @@ pub(crate) struct Stage<'a> {
     trees: &'a Trees,
     batch: Writes,
     op: Writes,
+    /// The rows of the current write's new spans, encoded before it was
+    /// queued (see [`Encoded`]).
+    encoded: Encoded,
+}
+
+/// The rows of a change's new spans (its summary and appended spans),
+/// encoded by the task that queued the write rather than by the writer:
+/// encoding a row and deriving a span's term vector are the writer's
+/// largest work per span, and the writer is one thread for every session,
+/// while the tasks that queue writes run side by side. Each entry holds
+/// the span row's value and the term row's value, keyed as the writer
+/// keys them; a span not found here is encoded by the writer.
+#[derive(Debug, Default)]
+pub(crate) struct Encoded {
+    rows: Vec<EncodedSpan>,
+}
+
+#[derive(Debug)]
+struct EncodedSpan {
+    id: SpanId,
+    position: u64,
+    span: Vec<u8>,
+    terms: Vec<u8>,
+}
+
+impl Encoded {
+    /// The rows of the new spans `op` writes.
+    pub(crate) fn of(op: &WriteOp) -> Encoded {
+        let WriteOp::Change { change, .. } = op else {
+            return Encoded::default();
+        };
+        let session = change.record.id.as_str();
+        if keys::check_session_id(session).is_err() {
+            return Encoded::default();
+        }
+        let rows = change
+            .summary
+            .iter()
+            .chain(&change.append)
+            .map(|span| {
+                let key = keys::session_number_key(session, span.position);
+                let (_, terms) = record::term_row(session, span);
+                EncodedSpan {
+                    id: span.id,
+                    position: span.position,
+                    span: record::encode_span(&key, span),
+                    terms,
+                }
+            })
+            .collect();
+        Encoded { rows }
+    }
+
+    /// The text bytes the new spans of `op` hold.
+    pub(crate) fn text_bytes(op: &WriteOp) -> usize {
+        match op {
+            WriteOp::Change { change, .. } => change
+                .summary
+                .iter()
+                .chain(&change.append)
+                .map(|span| span.text.len())
+                .sum(),
+            _ => 0,
+        }
+    }
+
+    /// The rows encoded for `span`, taken out.
+    fn take(&mut self, span: &Span) -> Option<(Vec<u8>, Vec<u8>)> {
+        let at = self
+            .rows
+            .iter()
+            .position(|row| row.id == span.id && row.position == span.position)?;
+        let row = self.rows.swap_remove(at);
+        Some((row.span, row.terms))
+    }
 }
 
 impl<'a> Stage<'a> {
@@ -30,7 +105,13 @@ impl<'a> Stage<'a> {
             trees,
             batch: BTreeMap::new(),
             op: BTreeMap::new(),
+            encoded: Encoded::default(),
         }
+    }
+
+    /// The rows the next write's task encoded for it.
+    pub(super) fn use_encoded(&mut self, encoded: Encoded) {
+        self.encoded = encoded;
     }
 
     pub(crate) fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -202,14 +283,24 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
             ),
         ));
     }
-    let value = record::encode_span(&key, span);
+    let (value, terms) = match stage.encoded.take(span) {
+        Some((value, terms)) => (value, Some(terms)),
+        None => (record::encode_span(&key, span), None),
+    };
     stage.put(TreeId::Spans, key, value);
     if span.classification.class == SpanClass::Constraint {
         let key = keys::session_number_key(session, span.id);
         let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
         stage.put(TreeId::Pins, key, value);
     }
-    index_span(stage, session, span);
+    match terms {
+        Some(value) => stage.put(
+            TreeId::Terms,
+            keys::session_number_key(session, span.id),
+            value,
+        ),
+        None => index_span(stage, session, span),
+    }
     Ok(())
 }
 
