@@ -620,6 +620,51 @@ async fn the_numbers_move_by_exactly_what_was_done() {
     );
 }
 
+/// The session cache's families: with room for about one session, three
+/// sessions taking turns are let go and loaded again, and every load and
+/// drop is counted; with the default room, none is let go.
+#[tokio::test]
+async fn the_session_cache_counts_its_loads_and_drops() {
+    for (extra, tight) in [
+        (&["--session-cache-bytes", "1"][..], true),
+        (&[][..], false),
+    ] {
+        let daemon = Served::start(extra);
+        let mut client = daemon.client().await;
+        let ids = ["c0", "c1", "c2"];
+        for id in ids {
+            create(&mut client, id, window(4000)).await;
+        }
+        let before = scrape(daemon.metrics);
+        let loads_before = before.get("ctxbroker_session_loads_total", &[]);
+        let let_go_before = before.get("ctxbroker_sessions_let_go_total", &[]);
+        for round in 0..4u64 {
+            for id in ids {
+                let text = format!("{id} round {round}: {}", prose(round, &["cache"], 20));
+                admit(&mut client, id, vec![span(Role::Tool, &text)])
+                    .await
+                    .unwrap();
+            }
+        }
+        let after = scrape(daemon.metrics);
+        let loads = after.get("ctxbroker_session_loads_total", &[]) - loads_before;
+        let let_go = after.get("ctxbroker_sessions_let_go_total", &[]) - let_go_before;
+        let bytes = after.get("ctxbroker_session_cache_bytes", &[]);
+        if tight {
+            // Each turn finds its session let go by the turns of the
+            // other two, so it is loaded again: 12 turns, 12 loads.
+            assert_eq!(loads, 12.0, "tight cache");
+            assert!(let_go >= 11.0, "tight cache let go {let_go}");
+            assert!(bytes > 0.0, "the session of the last turn is held");
+        } else {
+            // Created in memory, they stay: nothing to load or let go.
+            assert_eq!(loads, 0.0, "roomy cache");
+            assert_eq!(let_go + let_go_before, 0.0, "roomy cache");
+            assert!(bytes > 0.0);
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_endpoint_serves_metrics_only() {
     let daemon = Served::start(&[]);

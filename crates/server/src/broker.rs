@@ -160,6 +160,11 @@ impl Broker {
         }
     }
 
+    /// The sessions held in memory.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
     /// Enforces the tenants' quotas: sessions, stored bytes and the
     /// admission rate here, streams where the service opens them (see
     /// [`Quotas::open_stream`]).

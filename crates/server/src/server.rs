@@ -720,6 +720,7 @@ pub async fn run_with(
 
     let quotas = Arc::new(crate::quota::Quotas::new(settings.quota.clone()));
     let broker = Arc::new(Broker::new(store.clone(), settings.limits.clone()).with_quotas(quotas));
+    broker.sessions().observe(metrics.session_cache());
     let streams_end = CancellationToken::new();
     let background = tokio::spawn(broker.clone().run_background(streams_end.clone()));
     let audit = AuditLog::open(&settings.data_dir).map_err(|err| {

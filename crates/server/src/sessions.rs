@@ -40,6 +40,8 @@ use ctxbroker_core::session::{Change, Retraction, Session, SessionRecord};
 use ctxbroker_core::span::Span;
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 use crate::blocking;
@@ -199,6 +201,24 @@ struct Registry {
     bytes: u64,
     /// How often each id's turns ended recently, in memory or not.
     uses: Uses,
+    /// Where the cache's loads, drops and size are reported, once set.
+    probe: Option<CacheProbe>,
+}
+
+/// The session cache's metrics, fed as sessions come and go: loads from
+/// the store, idle sessions let go to stay within the budget, and the
+/// estimated bytes held. What an operator sizes `session_cache_bytes` by:
+/// loads that keep pace with admissions mean the sessions in use do not
+/// fit, and each reload reads the session and, at its next compaction,
+/// derives its facts again.
+#[derive(Debug, Clone, Default)]
+pub struct CacheProbe {
+    /// Sessions read from the store into memory.
+    pub loads: Counter,
+    /// Idle sessions dropped from memory by the cache.
+    pub let_go: Counter,
+    /// The estimated bytes of the sessions in memory.
+    pub bytes: Gauge,
 }
 
 /// Recent turns per id: what a session just loaded is weighed by against
@@ -276,25 +296,44 @@ impl Registry {
 
     /// Removes `id`'s entry when it is still `slot` (or any slot, when
     /// `slot` is `None`).
-    fn remove(&mut self, id: &str, slot: Option<&Slot>) {
+    fn remove(&mut self, id: &str, slot: Option<&Slot>) -> bool {
         let held = self
             .entries
             .get(id)
             .is_some_and(|entry| slot.is_none_or(|slot| Arc::ptr_eq(&entry.slot, slot)));
         if !held {
-            return;
+            return false;
         }
-        if let Some(entry) = self.entries.remove(id) {
-            self.order.remove(&entry.used);
-            self.bytes -= entry.bytes;
+        let Some(entry) = self.entries.remove(id) else {
+            return false;
+        };
+        self.order.remove(&entry.used);
+        self.bytes -= entry.bytes;
+        self.report();
+        true
+    }
+
+    /// Reports the bytes held to the probe, if any.
+    fn report(&self) {
+        if let Some(probe) = &self.probe {
+            probe
+                .bytes
+                .set(i64::try_from(self.bytes).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts sessions the cache let go.
+    fn let_go(&self, sessions: u64) {
+        if let Some(probe) = &self.probe {
+            probe.let_go.inc_by(sessions);
         }
     }
 
     /// Removes `id`'s entry when it is `slot` and nobody but the registry
     /// and the caller (who holds `slot`) refers to it.
     fn remove_unused(&mut self, id: &str, slot: &Slot) {
-        if Arc::strong_count(slot) == 2 {
-            self.remove(id, Some(slot));
+        if Arc::strong_count(slot) == 2 && self.remove(id, Some(slot)) {
+            self.let_go(1);
         }
     }
 
@@ -328,6 +367,7 @@ impl Registry {
             .remove(&previous)
             .unwrap_or_else(|| id.to_owned());
         self.order.insert(used, name);
+        self.report();
         if loaded && self.bytes > budget && !self.admits(id) {
             // Leaves as its turn ends: the others need only make room
             // for what stays.
@@ -377,9 +417,11 @@ impl Registry {
                 idle.push(id.clone());
             }
         }
+        let mut dropped = 0;
         for id in idle {
-            self.remove(&id, None);
+            dropped += u64::from(self.remove(&id, None));
         }
+        self.let_go(dropped);
     }
 }
 
@@ -577,6 +619,15 @@ impl Sessions {
         }
     }
 
+    /// Reports the cache's loads, drops and size to `probe` from now on.
+    pub fn observe(&self, probe: CacheProbe) {
+        let mut registry = lock(&self.registry);
+        probe
+            .bytes
+            .set(i64::try_from(registry.bytes).unwrap_or(i64::MAX));
+        registry.probe = Some(probe);
+    }
+
     fn slot(&self, id: &str) -> Slot {
         lock(&self.registry).slot(id)
     }
@@ -604,6 +655,11 @@ impl Sessions {
             return Ok(true);
         }
         **guard = load(store, id).await?;
+        if guard.is_some()
+            && let Some(probe) = &lock(&self.registry).probe
+        {
+            probe.loads.inc();
+        }
         Ok(guard.is_some())
     }
 

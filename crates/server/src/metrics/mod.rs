@@ -149,6 +149,11 @@ impl Metrics {
         self.counters.markers(markers);
     }
 
+    /// The session cache's probe, to give `Sessions::observe`.
+    pub fn session_cache(&self) -> crate::sessions::CacheProbe {
+        self.counters.session_cache.clone()
+    }
+
     /// Records one flush of the store (the store's flush observer).
     pub fn flushed(&self, took: Duration) {
         self.counters.flush.observe(took.as_secs_f64());

@@ -103,6 +103,7 @@ pub(super) struct Counters {
     verification_failures: [Counter; VIOLATIONS],
     pub(super) watcher_log_fallbacks: Counter,
     pub(super) flush: Histogram,
+    pub(super) session_cache: crate::sessions::CacheProbe,
 }
 
 impl Counters {
@@ -197,7 +198,25 @@ impl Counters {
                 "Times a watch fell behind the live ring and went back to the durable log (it loses nothing)",
             ),
             flush: Histogram::new(FLUSH_BUCKETS),
+            session_cache: crate::sessions::CacheProbe {
+                loads: counter(
+                    r,
+                    "ctxbroker_session_loads",
+                    "Sessions read from the store into memory: first requests, and requests after the session cache let them go (loads keeping pace with admissions mean session_cache_bytes is smaller than the sessions in use)",
+                ),
+                let_go: counter(
+                    r,
+                    "ctxbroker_sessions_let_go",
+                    "Idle sessions the session cache dropped from memory to stay within session_cache_bytes",
+                ),
+                bytes: Gauge::default(),
+            },
         };
+        r.register(
+            "ctxbroker_session_cache_bytes",
+            "Estimated bytes of the sessions held in memory (bounded by session_cache_bytes once their turns end)",
+            counters.session_cache.bytes.clone(),
+        );
         r.register(
             "ctxbroker_store_flush_duration_seconds",
             "Each flush of the storage engine by the store's flusher; concurrent writes share one",
