@@ -354,7 +354,26 @@ pub(crate) fn for_each_term(text: &str, mut f: impl FnMut(&str, usize, usize)) {
 }
 
 fn counts(word: &str) -> bool {
-    word.len() >= 2 && !IGNORED.contains(&word)
+    word.len() >= 2 && !is_ignored(word)
+}
+
+/// Whether `word` is one of [`IGNORED`]: the words are matched by length
+/// first, so most words are ruled out without a comparison (a list scan
+/// compared every word with all of them).
+fn is_ignored(word: &str) -> bool {
+    match word.len() {
+        2 => matches!(
+            word,
+            "to" | "of" | "in" | "on" | "at" | "is" | "it" | "be" | "as" | "by" | "or" | "an"
+                | "we" | "if" | "so" | "do"
+        ),
+        3 => matches!(
+            word,
+            "the" | "and" | "for" | "are" | "was" | "you" | "not" | "but"
+        ),
+        4 => matches!(word, "this" | "that" | "with" | "from"),
+        _ => false,
+    }
 }
 
 /// The query's distinct terms, looked up by a seeded hash of a word's
@@ -656,6 +675,29 @@ pub(crate) fn normalise(raw: &mut [f64]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ignored_words_are_the_list() {
+        for word in IGNORED {
+            assert!(is_ignored(word), "{word}");
+        }
+        let matched = ["a", "th", "thee", "these", "andy", "form", "xx", "THE"];
+        assert!(matched.iter().all(|w| !is_ignored(w)));
+        // Every two- to four-letter word of the list's letters: only the
+        // list's own are ignored.
+        let letters: Vec<char> = IGNORED.iter().flat_map(|w| w.chars()).collect();
+        let mut seen = std::collections::HashSet::new();
+        for &a in &letters {
+            for &b in &letters {
+                for tail in ["", "e", "s", "is", "om", "at"] {
+                    let word = format!("{a}{b}{tail}");
+                    if seen.insert(word.clone()) {
+                        assert_eq!(is_ignored(&word), IGNORED.contains(&word.as_str()), "{word}");
+                    }
+                }
+            }
+        }
+    }
     use crate::span::{ClassSource, Classification, Role, SpanClass};
 
     fn span(id: u64, turn: u64, text: &str, tokens: u32) -> Span {
