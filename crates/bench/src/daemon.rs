@@ -32,13 +32,16 @@ pub const BUILD: BuildInfo = BuildInfo {
     contract_digest: "bench",
 };
 
-/// `daemon --durability flush|relaxed --data-dir DIR [--quota-json JSON]`:
-/// serves until stdin closes. `--quota-json` is the `[quota]` table as
-/// JSON. Hidden: the measurements start it themselves.
+/// `daemon --durability flush|relaxed --data-dir DIR [--quota-json JSON]
+/// [--session-cache-bytes N]`: serves until stdin closes. `--quota-json` is
+/// the `[quota]` table as JSON; `--session-cache-bytes` raises
+/// `memory_budget_bytes` to match when it is smaller. Hidden: the
+/// measurements start it themselves.
 pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let mut durability = Durability::Flush;
     let mut data_dir: Option<PathBuf> = None;
     let mut quota = QuotaSettings::default();
+    let mut session_cache: Option<u64> = None;
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
         let value = rest
@@ -48,16 +51,27 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
             "--durability" => durability = parse_durability(value)?,
             "--data-dir" => data_dir = Some(PathBuf::from(value)),
             "--quota-json" => quota = serde_json::from_str(value)?,
+            "--session-cache-bytes" => {
+                session_cache =
+                    Some(value.parse().map_err(|err| {
+                        format!("daemon: --session-cache-bytes {value:?}: {err}")
+                    })?);
+            }
             other => return Err(format!("daemon: unknown flag {other}").into()),
         }
     }
     let data_dir = data_dir.ok_or("daemon: --data-dir is required")?;
-    let settings = Settings {
+    let mut settings = Settings {
         data_dir,
         durability,
         quota,
         ..Settings::default()
     };
+    if let Some(bytes) = session_cache {
+        let limits = &mut settings.limits;
+        limits.session_cache_bytes = bytes;
+        limits.memory_budget_bytes = limits.memory_budget_bytes.max(bytes);
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     println!("listening {addr}");

@@ -76,13 +76,6 @@ impl Default for RelevanceWeights {
     }
 }
 
-/// Words never used for similarity: too common to tell spans apart, and
-/// numerous enough to cost lookups.
-const IGNORED: &[&str] = &[
-    "the", "and", "to", "of", "in", "on", "at", "for", "is", "it", "be", "as", "by", "or", "an",
-    "this", "that", "with", "from", "are", "was", "we", "you", "if", "so", "do", "not", "but",
-];
-
 /// One score in [0, 1] per span, in the same order.
 pub fn score(
     spans: &[Span],
@@ -357,15 +350,28 @@ fn counts(word: &str) -> bool {
     word.len() >= 2 && !is_ignored(word)
 }
 
-/// Whether `word` is one of [`IGNORED`]: the words are matched by length
-/// first, so most words are ruled out without a comparison (a list scan
-/// compared every word with all of them).
+/// Whether `word` is never used for similarity: too common to tell spans
+/// apart, and numerous enough to cost lookups. Matched by length first, so
+/// most words are ruled out without a comparison.
 fn is_ignored(word: &str) -> bool {
     match word.len() {
         2 => matches!(
             word,
-            "to" | "of" | "in" | "on" | "at" | "is" | "it" | "be" | "as" | "by" | "or" | "an"
-                | "we" | "if" | "so" | "do"
+            "to" | "of"
+                | "in"
+                | "on"
+                | "at"
+                | "is"
+                | "it"
+                | "be"
+                | "as"
+                | "by"
+                | "or"
+                | "an"
+                | "we"
+                | "if"
+                | "so"
+                | "do"
         ),
         3 => matches!(
             word,
@@ -676,13 +682,20 @@ pub(crate) fn normalise(raw: &mut [f64]) {
 mod tests {
     use super::*;
 
+    /// The words [`is_ignored`] ignores.
+    const IGNORED: &[&str] = &[
+        "the", "and", "to", "of", "in", "on", "at", "for", "is", "it", "be", "as", "by", "or",
+        "an", "this", "that", "with", "from", "are", "was", "we", "you", "if", "so", "do", "not",
+        "but",
+    ];
+
     #[test]
     fn the_ignored_words_are_the_list() {
         for word in IGNORED {
             assert!(is_ignored(word), "{word}");
         }
-        let matched = ["a", "th", "thee", "these", "andy", "form", "xx", "THE"];
-        assert!(matched.iter().all(|w| !is_ignored(w)));
+        let kept = ["a", "th", "thee", "these", "andy", "form", "xx", "THE"];
+        assert!(kept.iter().all(|w| !is_ignored(w)));
         // Every two- to four-letter word of the list's letters: only the
         // list's own are ignored.
         let letters: Vec<char> = IGNORED.iter().flat_map(|w| w.chars()).collect();
@@ -692,7 +705,11 @@ mod tests {
                 for tail in ["", "e", "s", "is", "om", "at"] {
                     let word = format!("{a}{b}{tail}");
                     if seen.insert(word.clone()) {
-                        assert_eq!(is_ignored(&word), IGNORED.contains(&word.as_str()), "{word}");
+                        assert_eq!(
+                            is_ignored(&word),
+                            IGNORED.contains(&word.as_str()),
+                            "{word}"
+                        );
                     }
                 }
             }

@@ -111,6 +111,13 @@ pub struct AdmitArgs {
     /// Skip the Redis row.
     #[arg(long)]
     pub no_redis: bool,
+    /// The daemons' `session_cache_bytes`, in MiB (their
+    /// `memory_budget_bytes` raised to match when smaller); the daemon's
+    /// default when not given. With the default workload the sessions
+    /// hold more than the default cache, so some are reloaded (see
+    /// `ctxbroker_session_loads_total`).
+    #[arg(long, value_name = "MIB")]
+    pub session_cache_mib: Option<u64>,
     /// Also write every recorded latency of every row (the probes too)
     /// to this file as CSV: row, server, compacted, latency_us.
     #[arg(long, value_name = "PATH", conflicts_with = "split_only")]
@@ -362,7 +369,11 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
 
     let mut targets = Vec::new();
     for kind in &args.daemons {
-        let daemon = DaemonProcess::spawn(kind.durability())?;
+        let extra: Vec<String> = match args.session_cache_mib {
+            Some(mib) => vec!["--session-cache-bytes".to_owned(), (mib << 20).to_string()],
+            None => Vec::new(),
+        };
+        let daemon = DaemonProcess::spawn_with(kind.durability(), &extra)?;
         let channels = connect(daemon.addr, args.connections).await?;
         prefill(&channels, &workload, args, *kind).await?;
         targets.push(Target {
