@@ -28,6 +28,7 @@ from .client import (
 )
 from .daemon import DaemonFailed, LocalDaemon, find_binary
 from .errors import BrokerError
+from .replicas import REPLICA_HEADER, ReplicaMarker, ReplicaWatch, replica_broker
 from .v1 import broker_pb2 as pb
 from .v1 import broker_pb2_grpc as pb_grpc
 from .v1._contract import CONTRACT_DIGEST
@@ -36,6 +37,7 @@ from .watch import AsyncMarkerWatch, MarkerSequenceError, MarkerWatch, watch_in_
 __all__ = [
     "CHANNEL_OPTIONS",
     "CONTRACT_DIGEST",
+    "REPLICA_HEADER",
     "SESSION_HEADER",
     "Admission",
     "AsyncBroker",
@@ -47,6 +49,8 @@ __all__ = [
     "LocalDaemon",
     "MarkerSequenceError",
     "MarkerWatch",
+    "ReplicaMarker",
+    "ReplicaWatch",
     "Retry",
     "Tls",
     "aio_channel",
@@ -56,6 +60,7 @@ __all__ = [
     "find_binary",
     "pb",
     "pb_grpc",
+    "replica_broker",
     "span",
     "system",
     "tool",
