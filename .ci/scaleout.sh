@@ -17,5 +17,6 @@ haproxy -v | head -1
 cargo build --bin ctxbrokerd
 (cd tests/scaleout && PATH=$venv/bin:$PATH ruff check --config "$root/clients/python/pyproject.toml" . ../../deploy/haproxy \
   && PATH=$venv/bin:$PATH ruff format --check --config "$root/clients/python/pyproject.toml" . ../../deploy/haproxy)
-(cd tests/scaleout && CTXBROKERD=$root/target/debug/ctxbrokerd \
-  "$venv/bin/python" -m pytest -v -s -p no:cacheprovider test_scaleout.py)
+# grpcurl (from the clients' environment) and jq, for move-session.sh.
+(cd tests/scaleout && PATH=$venv/bin:$PATH CTXBROKERD=$root/target/debug/ctxbrokerd \
+  python -m pytest -v -s -p no:cacheprovider test_scaleout.py)

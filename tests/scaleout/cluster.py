@@ -217,3 +217,28 @@ class Cluster:
             replica.stop()
         self.proxy.sock.close()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python tests/scaleout/cluster.py [N]``: N brokers (3 by default)
+    behind HAProxy until interrupted, their addresses printed. Needs the
+    client package (``pip install clients/python``) and a built
+    ``ctxbrokerd`` (``$CTXBROKERD``, else target/debug or target/release)."""
+    count = int(argv[0]) if argv else 3
+    # SIGTERM stops them as Ctrl-C does: through the cleanup below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with Cluster(count) as cluster:
+        for replica in cluster.replicas:
+            print(f"{replica.name}: {replica.address}  (data: {replica.data_dir})")
+        print(f"proxy: {cluster.proxy.address}  (config: {cluster.proxy.config})")
+        print("Ctrl-C (or SIGTERM) stops them all.", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
