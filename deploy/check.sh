@@ -54,10 +54,11 @@ fi
 step "Envoy: v3 API types and routing intent (deploy/envoy/check.py)"
 need python3 && run python3 deploy/envoy/check.py deploy/envoy/envoy.yaml
 
-step "HAProxy: the configuration is render.py's, and HAProxy accepts it"
+step "HAProxy: the configuration is render.py's, over Envoy's replicas, and HAProxy accepts it"
 PATH=$PATH:/usr/sbin
 if need python3 && need haproxy; then
-  run python3 deploy/haproxy/render.py --check deploy/haproxy/haproxy.cfg && echo "haproxy.cfg: as rendered"
+  run python3 deploy/haproxy/render.py --check deploy/haproxy/haproxy.cfg --envoy deploy/envoy/envoy.yaml \
+    && echo "haproxy.cfg: as rendered, over the replicas envoy.yaml routes"
   # The pods' names do not resolve here: HAProxy starts them unresolved.
   run haproxy -c -q -f deploy/haproxy/haproxy.cfg && echo "haproxy -c: valid"
 fi

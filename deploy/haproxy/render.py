@@ -5,6 +5,7 @@
 
     render.py [--bind ADDR] NAME=HOST:PORT ...      print the configuration
     render.py --check FILE [--bind ADDR] NAME=...   fail if FILE differs
+    render.py --envoy deploy/envoy/envoy.yaml ...   fail if Envoy routes other replicas
 
 The routing is the one `deploy/envoy/envoy.yaml` describes: a call about a
 session carries `x-ctxbroker-session` and goes to the replica that owns
@@ -142,10 +143,21 @@ backend any
 """
 
 
+def envoy_replicas(text: str) -> list[str]:
+    """The replica names an Envoy config routes `x-ctxbroker-replica` to,
+    in order: its `exact:` header matches."""
+    return re.findall(r"string_match: \{ exact: ([a-z0-9-]+) \}", text)
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bind", default=":50051", help="HAProxy bind address")
     parser.add_argument("--check", type=Path, help="fail when this file differs")
+    parser.add_argument(
+        "--envoy",
+        type=Path,
+        help="fail when this Envoy config names other replicas (x-ctxbroker-replica routes)",
+    )
     parser.add_argument(
         "replicas",
         nargs="*",
@@ -158,6 +170,14 @@ def main(argv: Sequence[str]) -> int:
     except ValueError as err:
         print(f"render.py: {err}", file=sys.stderr)
         return 2
+    if args.envoy is not None:
+        routed = envoy_replicas(args.envoy.read_text())
+        if routed != [name for name, _ in replicas]:
+            print(
+                f"{args.envoy} routes replicas {routed}, HAProxy {[n for n, _ in replicas]}",
+                file=sys.stderr,
+            )
+            return 1
     if args.check is not None:
         if args.check.read_text() != text:
             print(f"{args.check} differs from render.py's output: render it again", file=sys.stderr)
