@@ -114,20 +114,14 @@ def test_sessions_are_sharded_survive_a_lost_broker_and_move_on_rebalance(cluste
         report("a call without a header", f"{refused.value.code().name}: {refused.value.details()}")
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "x-ctxbroker-session" in (refused.value.details() or "")
-        with pytest.raises(grpc.RpcError) as unknown:
-            proxy.stub.ListSessions(
-                pb.ListSessionsRequest(), timeout=10, metadata=[("x-ctxbroker-replica", "r9")]
-            )
-        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        with replica_broker(cluster.proxy.address, "r9") as unknown_replica:
+            with pytest.raises(BrokerError) as unknown:
+                list(unknown_replica.list_sessions())
+        assert unknown.value.code == grpc.StatusCode.NOT_FOUND
         # A replica by name, through the proxy: the same sessions as direct.
-        named = proxy.stub.ListSessions(
-            pb.ListSessionsRequest(page_size=500),
-            timeout=10,
-            metadata=[("x-ctxbroker-replica", "r2")],
-        )
-        assert sorted(s.session_id for s in named.sessions) == sorted(
-            sid for sid, owner in held.items() if owner == "r2"
-        )
+        with replica_broker(cluster.proxy.address, "r2") as named:
+            through_proxy = sorted(s.session_id for s in named.list_sessions(page_size=500))
+        assert through_proxy == sorted(sid for sid, owner in held.items() if owner == "r2")
 
         # kill -9 one broker: only its sessions fail, with UNAVAILABLE.
         lost = cluster.replicas[1]

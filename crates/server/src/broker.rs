@@ -230,17 +230,12 @@ impl Broker {
             false => 0,
         };
         loaded.stale = true;
-        let noted: Vec<String> = match loaded.keys() {
-            Some(_) => keys.iter().map(|(key, _)| key.clone()).collect(),
-            None => Vec::new(),
-        };
         let change_write = WriteOp::Change {
             change: change.clone(),
             keys,
         };
         let ack = self.store.write(change_write).await?;
         loaded.apply(change);
-        loaded.note_keys(noted.iter().map(String::as_str));
         loaded.stale = false;
         self.quotas.settle(tenant, delta, hold);
         Ok(ack.marker_seq)
@@ -343,6 +338,8 @@ impl Broker {
                     .map(|(key, span)| (key.clone(), span.id))
                     .collect();
                 let seq = self.persist_held(loaded, &change, keyed, hold).await?;
+                let written = keys.iter().zip(&change.append).map(|(key, _)| key.as_str());
+                loaded.note_keys(written.filter(|key| !key.is_empty()));
                 Ok((change, seq))
             }
             Err(rejection) => Err(self.reject(loaded, rejection).await),
@@ -364,7 +361,7 @@ impl Broker {
                 .await
                 .map(|_| ())
         };
-        let record = self.adopt_session(session, 0, true, write).await?;
+        let record = self.adopt_session(session, 0, write).await?;
         info!(
             session_id = id,
             window = record.config.window_tokens,
@@ -557,13 +554,10 @@ impl Broker {
     /// like any other, with its staleness guard and, when it stands above
     /// its soft watermark with a turn since its last compaction, the
     /// background pre-compaction its own server would have queued.
-    /// `created` says the session is new, so it has no idempotency key
-    /// (an imported one may have some: they are read when first needed).
     pub async fn adopt_session(
         &self,
         session: Session,
         text_bytes: u64,
-        created: bool,
         write: impl Future<Output = Result<(), ctxbroker_store::StoreError>>,
     ) -> Result<SessionRecord, ApiError> {
         let id = session.record.id.clone();
@@ -588,10 +582,7 @@ impl Broker {
         let record = session.record.clone();
         self.sessions
             .remember_tokenizer(&id, record.config.tokenizer);
-        *slot = Some(match created {
-            true => Loaded::created(session),
-            false => Loaded::new(session),
-        });
+        *slot = Some(Loaded::new(session));
         drop(slot);
         self.scheduler.guard(&record);
         self.scheduler.queue_soft(&record);

@@ -1099,7 +1099,7 @@ mod broker_tests {
         let text_bytes = import.text_bytes();
         let writer = other_store.clone();
         other
-            .adopt_session(session, text_bytes, false, async move {
+            .adopt_session(session, text_bytes, async move {
                 writer.import_session(import).await
             })
             .await

@@ -71,29 +71,24 @@ pub struct Loaded {
     /// as it was and is not estimated again, and a change that only
     /// appends adds its spans to it (see [`Loaded::apply`]).
     estimated: Option<(u64, u64)>,
-    /// The session's idempotency keys, once read from the store (or known
-    /// to be none): `None` until a keyed turn first needs them. Every key
+    /// The session's idempotency keys, once read from the store, or known
+    /// to be none: `None` until a keyed turn first needs them. Every key
     /// the session writes after is added (see [`KeyFilter`]).
     keys: Option<KeyFilter>,
 }
 
 impl Loaded {
-    /// A session as the store acknowledged it.
+    /// A session as the store acknowledged it. A key always names a span
+    /// the session holds, live or archived, so a session that holds none
+    /// (one just created) is known to have no key.
     pub fn new(session: Session) -> Self {
+        let holds_no_span = session.spans.is_empty() && session.record.archived_spans == 0;
         Loaded {
-            session,
             stale: false,
             gone: false,
             estimated: None,
-            keys: None,
-        }
-    }
-
-    /// A session just created: it has admitted nothing, so no key.
-    pub fn created(session: Session) -> Self {
-        Loaded {
-            keys: Some(KeyFilter::default()),
-            ..Loaded::new(session)
+            keys: holds_no_span.then(KeyFilter::default),
+            session,
         }
     }
 

@@ -114,7 +114,7 @@ pub async fn import_session(
     let text_bytes = import.text_bytes();
     let store = broker.store().clone();
     let record = broker
-        .adopt_session(session, text_bytes, false, async move {
+        .adopt_session(session, text_bytes, async move {
             store.import_session(import).await
         })
         .await?;

@@ -63,11 +63,11 @@ impl fmt::Debug for Store {
 /// a process still exiting) lets go of it from its own threads, a moment
 /// after the last handle is dropped. A directory held longer — another
 /// daemon serving it — is refused after this wait.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The most new text a write's rows are encoded for on the calling task;
 /// a larger change is encoded on the blocking pool (see [`Store::write`]).
 pub(crate) const ENCODE_INLINE_BYTES: usize = 64 << 10;
-
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Opens the engine, waiting at most [`LOCK_WAIT`] for the directory's
 /// lock.

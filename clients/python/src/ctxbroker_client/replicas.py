@@ -92,7 +92,6 @@ class ReplicaWatch(Iterator[ReplicaMarker]):
             for name, broker in brokers.items()
         }
         self._running = len(self._watches)
-        self._closed = threading.Event()
         for name, watch in self._watches.items():
             threading.Thread(
                 target=self._pump, args=(name, watch), name=f"ctxbroker-watch-{name}", daemon=True
@@ -143,7 +142,6 @@ class ReplicaWatch(Iterator[ReplicaMarker]):
 
     def close(self) -> None:
         """Ends every replica's watch; safe from any thread."""
-        self._closed.set()
         for watch in self._watches.values():
             watch.close()
 

@@ -32,8 +32,8 @@ pub(crate) struct Stage<'a> {
 /// encoding a row and deriving a span's term vector are the writer's
 /// largest work per span, and the writer is one thread for every session,
 /// while the tasks that queue writes run side by side. Each entry holds
-/// the span row's value and the term row's value, keyed as the writer
-/// keys them; a span not found here is encoded by the writer.
+/// the span row's value and the term row, made by the functions the
+/// writer uses; a span not found here is encoded by the writer.
 #[derive(Debug, Default)]
 pub(crate) struct Encoded {
     rows: Vec<EncodedSpan>,
@@ -44,7 +44,19 @@ struct EncodedSpan {
     id: SpanId,
     position: u64,
     span: Vec<u8>,
-    terms: Vec<u8>,
+    /// The term row's key and value.
+    terms: (Vec<u8>, Vec<u8>),
+}
+
+/// The spans a write stores anew: a change's summary and appended spans.
+fn new_spans(op: &WriteOp) -> impl Iterator<Item = &Span> {
+    let change = match op {
+        WriteOp::Change { change, .. } => Some(change),
+        _ => None,
+    };
+    change
+        .into_iter()
+        .flat_map(|change| change.summary.iter().chain(&change.append))
 }
 
 impl Encoded {
@@ -57,18 +69,14 @@ impl Encoded {
         if keys::check_session_id(session).is_err() {
             return Encoded::default();
         }
-        let rows = change
-            .summary
-            .iter()
-            .chain(&change.append)
+        let rows = new_spans(op)
             .map(|span| {
                 let key = keys::session_number_key(session, span.position);
-                let (_, terms) = record::term_row(session, span);
                 EncodedSpan {
                     id: span.id,
                     position: span.position,
                     span: record::encode_span(&key, span),
-                    terms,
+                    terms: record::term_row(session, span),
                 }
             })
             .collect();
@@ -77,25 +85,16 @@ impl Encoded {
 
     /// The text bytes the new spans of `op` hold.
     pub(crate) fn text_bytes(op: &WriteOp) -> usize {
-        match op {
-            WriteOp::Change { change, .. } => change
-                .summary
-                .iter()
-                .chain(&change.append)
-                .map(|span| span.text.len())
-                .sum(),
-            _ => 0,
-        }
+        new_spans(op).map(|span| span.text.len()).sum()
     }
 
     /// The rows encoded for `span`, taken out.
-    fn take(&mut self, span: &Span) -> Option<(Vec<u8>, Vec<u8>)> {
+    fn take(&mut self, span: &Span) -> Option<EncodedSpan> {
         let at = self
             .rows
             .iter()
             .position(|row| row.id == span.id && row.position == span.position)?;
-        let row = self.rows.swap_remove(at);
-        Some((row.span, row.terms))
+        Some(self.rows.swap_remove(at))
     }
 }
 
@@ -284,7 +283,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
         ));
     }
     let (value, terms) = match stage.encoded.take(span) {
-        Some((value, terms)) => (value, Some(terms)),
+        Some(row) => (row.span, Some(row.terms)),
         None => (record::encode_span(&key, span), None),
     };
     stage.put(TreeId::Spans, key, value);
@@ -294,11 +293,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
         stage.put(TreeId::Pins, key, value);
     }
     match terms {
-        Some(value) => stage.put(
-            TreeId::Terms,
-            keys::session_number_key(session, span.id),
-            value,
-        ),
+        Some((key, value)) => stage.put(TreeId::Terms, key, value),
         None => index_span(stage, session, span),
     }
     Ok(())
