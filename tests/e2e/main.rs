@@ -10,6 +10,7 @@
     unreachable_pub
 )]
 
+mod served;
 mod support;
 
 #[cfg(unix)]
@@ -28,6 +29,7 @@ mod durable;
 mod faults;
 mod hardening;
 mod inproc;
+mod inspector;
 #[cfg(unix)]
 mod listen;
 mod metrics;

@@ -78,6 +78,11 @@ pub struct Marker {
     pub at_ms: u64,
     /// The session revision after the marker (unchanged when aborted).
     pub session_revision: u64,
+    /// The session's turn count after the marker: for a compaction at
+    /// admission, the turn it admitted; for an aborted one, the turns
+    /// admitted before the refused one. 0 in markers written before the
+    /// field existed.
+    pub turn: u64,
     /// Who asked, for UNPIN and MANUAL.
     pub actor: String,
     /// A human-readable account.

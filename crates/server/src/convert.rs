@@ -289,6 +289,7 @@ pub fn marker_to_pb(marker: &Marker) -> pb::CompactionMarker {
         at: Some(timestamp(marker.at_ms)),
         pinned_tokens: marker.pinned_tokens,
         session_revision: marker.session_revision,
+        turn: marker.turn,
         actor: marker.actor.clone(),
         detail: marker.detail.clone(),
     }
@@ -510,6 +511,7 @@ mod tests {
             violations: vec![],
             at_ms: 1_700_000_123_456,
             session_revision: 12,
+            turn: 31,
             actor: "operator".into(),
             detail: "evicted 4 spans; summary ✓".into(),
         };
@@ -551,6 +553,7 @@ mod tests {
             violations: vec![],
             at_ms: 0,
             session_revision: 0,
+            turn: 0,
             actor: String::new(),
             detail: String::new(),
         };

@@ -15,6 +15,7 @@ pub mod error;
 pub mod hub;
 pub mod idempotency;
 pub mod incoming;
+pub mod inspector;
 pub mod metrics;
 pub mod quota;
 pub mod scheduler;

@@ -76,6 +76,18 @@ pub enum ServerError {
         /// Whether TLS is missing too.
         plaintext: bool,
     },
+    /// The inspector without authentication on an address that is not
+    /// loopback, without `allow_insecure`.
+    #[error(
+        "refusing to serve the inspector without authentication on {addr}, which is not a \
+         loopback address: its pages show every session's text; set auth_tokens_file \
+         (--auth-tokens-file), serve metrics_addr on loopback, or set allow_insecure \
+         (--allow-insecure, CTXBROKER_ALLOW_INSECURE=true) to serve it open there anyway"
+    )]
+    OpenInspector {
+        /// The address.
+        addr: std::net::SocketAddr,
+    },
     /// Plaintext on an address that is not loopback, without
     /// `allow_insecure`.
     #[error(
@@ -505,6 +517,12 @@ fn exposure_rules(
         }
     }
     if let Some(addr) = settings.metrics_addr
+        && settings.inspector
+        && !tokens
+    {
+        open_inspector_rule(addr, allow_insecure)?;
+    }
+    if let Some(addr) = settings.metrics_addr
         && !settings.tls.metrics_tls
     {
         plaintext_rule(
@@ -535,6 +553,27 @@ fn plaintext_rule(
         %addr,
         "serving {what} as PLAINTEXT on an address that is not loopback (allow_insecure): \
          anyone who can reach it can read and send traffic"
+    );
+    Ok(())
+}
+
+/// Refuses the inspector without authentication on an address that is not
+/// loopback unless `allow_insecure`, and warns when it is allowed: its
+/// pages show every session's text.
+fn open_inspector_rule(
+    addr: std::net::SocketAddr,
+    allow_insecure: bool,
+) -> Result<(), ServerError> {
+    if addr.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    if !allow_insecure {
+        return Err(ServerError::OpenInspector { addr });
+    }
+    warn!(
+        %addr,
+        "serving the inspector WITHOUT AUTHENTICATION on an address that is not loopback \
+         (allow_insecure, no auth_tokens_file): anyone who can connect can read every session"
     );
     Ok(())
 }
@@ -729,6 +768,17 @@ pub async fn run_with(
             settings.data_dir.join(audit::FILE_NAME).display()
         )))
     })?;
+    let inspector = settings.inspector.then(|| {
+        crate::inspector::Inspector::new(
+            broker.clone(),
+            hub.clone(),
+            tokens.clone(),
+            settings.tls.metrics_tls && tls.is_some(),
+            // Half the endpoint's connections at most: scrapes keep room.
+            (settings.connections.metrics_max_connections / 2).max(1),
+            streams_end.clone(),
+        )
+    });
     let mut service =
         BrokerService::new(broker, hub, streams_end.clone(), build, settings.durability)
             .with_metrics(metrics.clone())
@@ -786,6 +836,13 @@ pub async fn run_with(
                 "http"
             };
             info!(metrics_addr = %bound, "metrics served at {scheme}://{bound}/metrics");
+            if inspector.is_some() {
+                info!(
+                    metrics_addr = %bound,
+                    authentication = tokens.is_some(),
+                    "inspector served at {scheme}://{bound}/inspect"
+                );
+            }
             let options = crate::metrics::EndpointOptions {
                 tls: metrics_tls,
                 max_connections: settings.connections.metrics_max_connections,
@@ -797,6 +854,7 @@ pub async fn run_with(
                 store.clone(),
                 metrics_end.clone(),
                 options,
+                inspector.map(crate::inspector::Inspector::router),
             )))
         }
         None => None,

@@ -131,6 +131,7 @@ fn expected(base: u64, listen: &str, data_dir: &str, log: &str, metrics: &str) -
         request_timeout: Duration::from_millis(base + 1),
         metrics_addr: Some(addr(metrics)),
         metrics_top_sessions: usize::try_from(base / 1000).unwrap(),
+        inspector: false,
         limits: Limits {
             max_request_bytes: usize::try_from(base * 1000 + 5000).unwrap(),
             max_spans_per_turn: usize::try_from(base + 6).unwrap(),

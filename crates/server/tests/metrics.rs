@@ -494,6 +494,7 @@ async fn the_endpoint_answers_its_edges_and_stops_on_shutdown() {
         store.clone(),
         shutdown.clone(),
         ctxbroker_server::metrics::EndpointOptions::default(),
+        None,
     ));
 
     let ok = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;

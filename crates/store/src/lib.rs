@@ -67,8 +67,8 @@ extern crate self as ctxbroker_store;
 
 pub use error::StoreError;
 pub use model::{
-    Change, CommitHook, Durability, FlushObserver, MarkerBounds, Pin, SessionRecord, SpanState,
-    StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp, text_bytes,
+    Change, CommitHook, Durability, FlushObserver, MarkerBounds, Pin, SessionMarkers,
+    SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp, text_bytes,
 };
 pub use search::{SearchHit, SearchPage, SearchQuery, SpanListing};
 pub use store::Store;

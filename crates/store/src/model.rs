@@ -133,6 +133,18 @@ pub struct MarkerBounds {
     pub next: u64,
 }
 
+/// A page of one session's markers, newest first
+/// ([`Store::session_markers`](crate::Store::session_markers)).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SessionMarkers {
+    /// The session's markers found, newest first.
+    pub markers: Vec<Marker>,
+    /// Where the walk stopped: the next page starts below this seq. `None`
+    /// when the walk reached the oldest retained marker, so nothing older
+    /// is left to read.
+    pub before: Option<u64>,
+}
+
 /// Counters of the writer's work, to see how well flushes are shared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StoreStats {

@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{
-    Durability, MarkerBounds, Pin, SessionRecord, StoreOptions, StoreStats, StoredSpan, WriteAck,
-    WriteOp,
+    Durability, MarkerBounds, Pin, SessionMarkers, SessionRecord, StoreOptions, StoreStats,
+    StoredSpan, WriteAck, WriteOp,
 };
 use crate::record::{self, FORMAT_VERSION};
 use crate::writer::{
@@ -550,6 +550,57 @@ impl Store {
             return Err(trimmed(self.inner.shared.bounds().oldest.max(start + 1)));
         }
         Ok(out)
+    }
+
+    /// One session's committed markers, newest first: at most `limit` of
+    /// them, found by walking the marker log down from below `before`
+    /// (from the committed head for `None`) over at most `scan` markers of
+    /// any session. The log is global, so the walk is bounded: a page's
+    /// `before` says where to go on, and is `None` once the oldest
+    /// retained marker was reached. Markers retention removes while the
+    /// walk runs are simply not found.
+    pub fn session_markers(
+        &self,
+        session: &str,
+        before: Option<u64>,
+        limit: usize,
+        scan: usize,
+    ) -> Result<SessionMarkers, StoreError> {
+        self.reading("session_markers");
+        keys::check_session_id(session)?;
+        let bounds = self.inner.shared.bounds();
+        let end = before.map_or(bounds.next, |b| b.min(bounds.next));
+        let mut page = SessionMarkers::default();
+        if end <= bounds.oldest || limit == 0 {
+            return Ok(page);
+        }
+        let tree = &self.inner.trees.markers;
+        let range = keys::marker_key(bounds.oldest)..keys::marker_key(end);
+        let mut lowest = end;
+        let mut walked = 0;
+        // The session's first marker ends the walk: nothing older is its.
+        let mut first_found = false;
+        for entry in tree.range(range).rev() {
+            if walked == scan.max(1) || page.markers.len() == limit {
+                break;
+            }
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            walked += 1;
+            let marker = record::decode_marker(&key, &value)?;
+            lowest = marker.seq;
+            if marker.session_id == session {
+                first_found = marker.session_seq <= 1;
+                page.markers.push(marker);
+                if first_found {
+                    break;
+                }
+            }
+        }
+        if walked > 0 {
+            count_walk(tree.range(keys::marker_key(lowest)..keys::marker_key(end)))?;
+        }
+        page.before = (lowest > bounds.oldest && !first_found).then_some(lowest);
+        Ok(page)
     }
 
     /// The committed marker log: the writer advances `next` only after the

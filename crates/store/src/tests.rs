@@ -78,6 +78,7 @@ fn marker(session: &str, session_seq: u64) -> Marker {
         violations: vec![],
         at_ms: 2,
         session_revision: 3,
+        turn: 4,
         actor: "op".into(),
         detail: String::new(),
     }

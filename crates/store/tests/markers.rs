@@ -237,3 +237,63 @@ async fn a_panicking_hook_does_not_stop_the_writer() {
     assert_eq!(store.stats().hook_panics, 2);
     assert_eq!(store.markers(1, 10).unwrap().len(), 2);
 }
+
+/// A session's markers, newest first, found by a bounded walk down the
+/// global log: pages join up, the walk stops at the session's first
+/// marker, and a scan bound smaller than the gap between two of its
+/// markers returns an empty page that still says where to go on.
+#[tokio::test]
+async fn a_sessions_markers_page_down_the_log() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut a = Session::new("a");
+    let mut b = Session::new("b");
+    store.write(a.create()).await.unwrap();
+    store.write(b.create()).await.unwrap();
+    // b's markers are seqs 1..=5, then a's and b's alternate (6..=15),
+    // then b again (16..=20).
+    for _ in 0..5 {
+        store.write(b.abort()).await.unwrap();
+    }
+    for _ in 0..5 {
+        store.write(a.abort()).await.unwrap();
+        store.write(b.abort()).await.unwrap();
+    }
+    for _ in 0..5 {
+        store.write(b.abort()).await.unwrap();
+    }
+    let seqs = |page: &ctxbroker_store::SessionMarkers| {
+        page.markers.iter().map(|m| m.seq).collect::<Vec<_>>()
+    };
+    let first = store.session_markers("a", None, 3, 1000).unwrap();
+    assert_eq!(seqs(&first), vec![14, 12, 10]);
+    assert_eq!(first.before, Some(10));
+    let second = store.session_markers("a", first.before, 3, 1000).unwrap();
+    assert_eq!(seqs(&second), vec![8, 6]);
+    assert_eq!(second.before, None, "a's first marker ends the walk");
+    assert!(
+        second.markers.iter().all(|m| m.session_id == "a"),
+        "only the session's markers"
+    );
+    // Six of b's markers stand above a's newest: walks of three find
+    // nothing twice and say where they stopped.
+    let bounded = store.session_markers("a", None, 3, 3).unwrap();
+    assert!(bounded.markers.is_empty());
+    assert_eq!(bounded.before, Some(18));
+    let on = store.session_markers("a", bounded.before, 3, 3).unwrap();
+    assert!(on.markers.is_empty());
+    assert_eq!(on.before, Some(15));
+    let found = store.session_markers("a", on.before, 3, 3).unwrap();
+    assert_eq!(seqs(&found), vec![14, 12]);
+    assert_eq!(found.before, Some(12));
+    // A session without markers walks to the oldest retained one.
+    let c = Session::new("c");
+    store.write(c.create()).await.unwrap();
+    let none = store.session_markers("c", None, 10, 1000).unwrap();
+    assert!(none.markers.is_empty());
+    assert_eq!(none.before, None);
+    assert!(
+        store.session_markers("", None, 1, 1).is_err(),
+        "ids are checked"
+    );
+}

@@ -182,6 +182,7 @@ impl Session {
             violations: Vec::new(),
             at_ms: now_ms,
             session_revision: record.revision,
+            turn: record.turns,
             actor: actor.to_owned(),
             detail: String::new(),
         }

@@ -201,6 +201,13 @@ pub struct Cli {
     #[arg(long, env = "CTXBROKER_METRICS_TOP_SESSIONS", value_name = "N")]
     #[arg(help_heading = "Metrics")]
     pub metrics_top_sessions: Option<usize>,
+    /// Serve the context inspector at http://METRICS_ADDR/inspect:
+    /// read-only pages of the sessions, their windows and markers, live,
+    /// with JSON twins; needs --metrics-addr [default: false].
+    #[arg(long, env = "CTXBROKER_INSPECTOR", value_name = "BOOL")]
+    #[arg(num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(help_heading = "Metrics")]
+    pub inspector: Option<bool>,
 }
 
 /// What `ctxbrokerd` can do instead of serving.

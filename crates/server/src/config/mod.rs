@@ -433,6 +433,10 @@ pub struct Settings {
     /// Sessions named in the per-session live-token metrics (the ones with
     /// the most live tokens); 0 names none.
     pub metrics_top_sessions: usize,
+    /// Whether the metrics address also serves the context inspector
+    /// (`/inspect`): read-only pages and their JSON twins, behind the
+    /// token file's authentication and tenant rules.
+    pub inspector: bool,
     /// The limits.
     #[serde(flatten)]
     pub limits: Limits,
@@ -463,6 +467,7 @@ impl Default for Settings {
             request_timeout: Duration::from_secs(30),
             metrics_addr: None,
             metrics_top_sessions: crate::metrics::DEFAULT_TOP_SESSIONS,
+            inspector: false,
             limits: Limits::default(),
             tls: TlsSettings::default(),
             connections: ConnectionSettings::default(),
@@ -558,6 +563,10 @@ impl Settings {
         if self.metrics_top_sessions > top {
             let limit = format!("must be at most {top}");
             return fail("metrics_top_sessions", &limit, &self.metrics_top_sessions);
+        }
+        if self.inspector && self.metrics_addr.is_none() {
+            let limit = "needs metrics_addr: the inspector is served beside /metrics";
+            return fail("inspector", limit, &true);
         }
         let tls = &self.tls;
         let unset = |path: &Option<PathBuf>| path.is_none();

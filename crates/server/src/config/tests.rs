@@ -57,6 +57,10 @@ fn nonsense_limits_are_refused_by_name_and_limit() {
             "invalid setting metrics_top_sessions: must be at most 100; got 101",
         ),
         (
+            &["--inspector"],
+            "invalid setting inspector: needs metrics_addr: the inspector is served beside /metrics; got true",
+        ),
+        (
             &["--max-request-bytes", "1000"],
             "invalid setting max_request_bytes: must be at least 1024; got 1000",
         ),
@@ -220,6 +224,7 @@ fn sample() -> Settings {
         request_timeout: Duration::from_millis(4321),
         metrics_addr: Some("127.0.0.1:9464".parse().unwrap()),
         metrics_top_sessions: 3,
+        inspector: true,
         limits: Limits {
             max_request_bytes: 2 << 20,
             max_spans_per_turn: 17,

@@ -3,7 +3,8 @@
 //! | request | answer |
 //! |---|---|
 //! | `GET`/`HEAD /metrics` (any query) | 200, the exposition as `text/plain; version=0.0.4; charset=utf-8`; 500 if the scrape failed |
-//! | `GET`/`HEAD /` | 200, a pointer to `/metrics` |
+//! | `GET`/`HEAD /` | 200, a pointer to `/metrics` (and `/inspect`) |
+//! | `/inspect…` | the context inspector, when it is on (see `crate::inspector`) |
 //! | another method on those paths | 405, `Allow: GET, HEAD` |
 //! | another path | 404 |
 //! | a request head over 8 KiB | 431 |
@@ -77,20 +78,25 @@ struct Endpoint {
     store: Store,
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown`.
+/// Serves `GET /metrics`, and the inspector's routes when given, on
+/// `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     store: Store,
     shutdown: CancellationToken,
     options: EndpointOptions,
+    inspector: Option<Router>,
 ) {
+    let index = match inspector {
+        Some(_) => "ctxbrokerd: metrics are at /metrics, the inspector at /inspect\n",
+        None => "ctxbrokerd: metrics are at /metrics\n",
+    };
     let router = Router::new()
         .route("/metrics", get(exposition))
-        .route(
-            "/",
-            get(|| async { "ctxbrokerd: metrics are at /metrics\n" }),
-        )
+        .route("/", get(move || async move { index }))
+        .with_state(Endpoint { metrics, store })
+        .merge(inspector.unwrap_or_default())
         .method_not_allowed_fallback(|| async {
             (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -104,8 +110,7 @@ pub async fn serve(
                 "not found; metrics are at /metrics\n",
             )
         })
-        .layer(middleware::from_fn(one_request))
-        .with_state(Endpoint { metrics, store });
+        .layer(middleware::from_fn(one_request));
     let mut http = Builder::new(TokioExecutor::new()).http1_only();
     http.http1()
         .timer(TokioTimer::new())

@@ -270,7 +270,7 @@ pub(super) fn marker_row(m: &Marker) -> MarkerRow {
         seq, session_id, session_seq, tokens_before, tokens_after, incoming_tokens,
         window_tokens, budget_tokens, pinned_tokens, evicted, compressed, summary_span_id,
         summary_generation, pinned_retained, pinned_total, anchors_carried, anchors_dropped,
-        at_ms, session_revision, actor, detail, tier_evicted,
+        at_ms, session_revision, actor, detail, tier_evicted, turn,
     ]
         trigger: trigger_code(m.trigger),
         outcome: outcome_code(m.outcome),
@@ -284,7 +284,7 @@ pub(super) fn marker_from(row: MarkerRow) -> Result<Marker, String> {
         seq, session_id, session_seq, tokens_before, tokens_after, incoming_tokens,
         window_tokens, budget_tokens, pinned_tokens, evicted, compressed, summary_span_id,
         summary_generation, pinned_retained, pinned_total, anchors_carried, anchors_dropped,
-        at_ms, session_revision, actor, detail, tier_evicted,
+        at_ms, session_revision, actor, detail, tier_evicted, turn,
     ]
         trigger: trigger_from(row.trigger)?,
         outcome: outcome_from(row.outcome)?,

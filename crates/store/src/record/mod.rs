@@ -600,6 +600,7 @@ mod tests {
             violations in vec(violation(), 0..3),
             at_ms in any::<u64>(),
             session_revision in any::<u64>(),
+            turn in any::<u64>(),
             actor in text(),
             detail in text(),
         ) -> Marker {
@@ -633,6 +634,7 @@ mod tests {
                 violations,
                 at_ms,
                 session_revision,
+                turn,
                 actor,
                 detail,
             }

@@ -313,6 +313,9 @@ pub(crate) struct MarkerRow {
     /// Empty in markers written before the standing-instructions tier.
     #[prost(uint64, repeated, tag = "25")]
     pub(crate) tier_evicted: Vec<u64>,
+    /// 0 in markers written before markers carried their turn.
+    #[prost(uint64, tag = "26")]
+    pub(crate) turn: u64,
 }
 
 /// A verification violation inside an aborted marker.

@@ -90,6 +90,7 @@ pub fn marker(session: &str, session_seq: u64, outcome: Outcome) -> Marker {
         },
         at_ms: 1_700_000_000_500,
         session_revision: 0,
+        turn: 0,
         actor: String::new(),
         detail: "test".into(),
     }

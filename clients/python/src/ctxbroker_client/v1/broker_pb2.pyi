@@ -1326,6 +1326,7 @@ class CompactionMarker(google.protobuf.message.Message):
     ACTOR_FIELD_NUMBER: builtins.int
     DETAIL_FIELD_NUMBER: builtins.int
     TIER_EVICTED_SPAN_IDS_FIELD_NUMBER: builtins.int
+    TURN_FIELD_NUMBER: builtins.int
     seq: builtins.int
     """Global sequence number: starts at 1, increases by exactly one."""
     session_id: builtins.str
@@ -1370,6 +1371,11 @@ class CompactionMarker(google.protobuf.message.Message):
     """
     detail: builtins.str
     """A human-readable account."""
+    turn: builtins.int
+    """The session's turn count after the marker: for a compaction at
+    admission, the turn it admitted; for an aborted one, the turns admitted
+    before the refused turn. 0 in markers written before the field existed.
+    """
     @property
     def evicted_span_ids(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """Spans moved to the archive."""
@@ -1421,9 +1427,10 @@ class CompactionMarker(google.protobuf.message.Message):
         actor: builtins.str = ...,
         detail: builtins.str = ...,
         tier_evicted_span_ids: collections.abc.Iterable[builtins.int] | None = ...,
+        turn: builtins.int = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_summary_span_id", b"_summary_span_id", "at", b"at", "summary_span_id", b"summary_span_id"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_summary_span_id", b"_summary_span_id", "actor", b"actor", "anchors_carried", b"anchors_carried", "anchors_dropped", b"anchors_dropped", "at", b"at", "budget_tokens", b"budget_tokens", "compressed_span_ids", b"compressed_span_ids", "detail", b"detail", "evicted_span_ids", b"evicted_span_ids", "incoming_tokens", b"incoming_tokens", "outcome", b"outcome", "pinned_retained", b"pinned_retained", "pinned_tokens", b"pinned_tokens", "pinned_total", b"pinned_total", "seq", b"seq", "session_id", b"session_id", "session_revision", b"session_revision", "session_seq", b"session_seq", "summary_generation", b"summary_generation", "summary_span_id", b"summary_span_id", "tier_evicted_span_ids", b"tier_evicted_span_ids", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger", "violations", b"violations", "window_tokens", b"window_tokens"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_summary_span_id", b"_summary_span_id", "actor", b"actor", "anchors_carried", b"anchors_carried", "anchors_dropped", b"anchors_dropped", "at", b"at", "budget_tokens", b"budget_tokens", "compressed_span_ids", b"compressed_span_ids", "detail", b"detail", "evicted_span_ids", b"evicted_span_ids", "incoming_tokens", b"incoming_tokens", "outcome", b"outcome", "pinned_retained", b"pinned_retained", "pinned_tokens", b"pinned_tokens", "pinned_total", b"pinned_total", "seq", b"seq", "session_id", b"session_id", "session_revision", b"session_revision", "session_seq", b"session_seq", "summary_generation", b"summary_generation", "summary_span_id", b"summary_span_id", "tier_evicted_span_ids", b"tier_evicted_span_ids", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger", "turn", b"turn", "violations", b"violations", "window_tokens", b"window_tokens"]) -> None: ...
     def WhichOneof(self, oneof_group: typing.Literal["_summary_span_id", b"_summary_span_id"]) -> typing.Literal["summary_span_id"] | None: ...
 
 global___CompactionMarker = CompactionMarker
