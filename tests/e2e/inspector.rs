@@ -32,6 +32,32 @@ fn get(
     )
 }
 
+/// The ids of a sessions list's page.
+fn session_ids(list: &Value) -> Vec<&str> {
+    list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect()
+}
+
+/// Posts the login form with `token`.
+fn log_in(
+    addr: SocketAddr,
+    token: &str,
+) -> (u16, std::collections::HashMap<String, String>, String) {
+    let form = format!("token={token}");
+    http(
+        addr,
+        &format!(
+            "POST /inspect/login HTTP/1.1\r\nHost: ctxbroker\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    )
+}
+
 /// `GET path` of a JSON twin, parsed.
 fn json(addr: SocketAddr, path: &str, headers: &str) -> (u16, Value) {
     let (status, head, body) = get(addr, path, headers);
@@ -258,12 +284,7 @@ async fn bad_input_gets_a_clear_answer_and_big_sessions_come_in_pages() {
         create(&mut client, id, window(1_000)).await;
     }
     let (_, one) = json(addr, "/inspect/api/sessions?limit=2", "");
-    let ids: Vec<&str> = one["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap())
-        .collect();
+    let ids = session_ids(&one);
     assert_eq!(ids, ["big", "c1"]);
     assert_eq!(one["next_after"], "c1");
     let (_, two) = json(addr, "/inspect/api/sessions?limit=2&after=c1", "");
@@ -337,12 +358,7 @@ async fn tokens_and_tenants_rule_the_inspector_as_they_rule_grpc() {
     // A tenant's token sees its own sessions by their bare ids.
     let (status, list) = json(addr, "/inspect/api/sessions", &bearer(acme));
     assert_eq!(status, 200);
-    let ids: Vec<&str> = list["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap())
-        .collect();
+    let ids = session_ids(&list);
     assert_eq!(ids, ["s1"]);
     assert_eq!(list["sessions"][0]["tenant"], "acme");
     let (status, _) = json(addr, "/inspect/api/session?id=s1", &bearer(acme));
@@ -360,23 +376,11 @@ async fn tokens_and_tenants_rule_the_inspector_as_they_rule_grpc() {
     assert_eq!(status, 200);
     assert_eq!(list["sessions"][0]["id"], "g1");
     let (_, list) = json(addr, "/inspect/api/sessions", &bearer(ops));
-    let ids: Vec<&str> = list["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["id"].as_str().unwrap())
-        .collect();
+    let ids = session_ids(&list);
     assert_eq!(ids, ["acme/s1", "globex/g1"]);
 
     // The login form sets the token as a cookie the pages accept.
-    let form = format!("token={acme}");
-    let (status, head, _) = http(
-        addr,
-        &format!(
-            "POST /inspect/login HTTP/1.1\r\nHost: ctxbroker\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
-            form.len()
-        ),
-    );
+    let (status, head, _) = log_in(addr, acme);
     assert_eq!(status, 303);
     assert_eq!(head["location"], "/inspect");
     let cookie = head["set-cookie"].clone();
@@ -388,14 +392,7 @@ async fn tokens_and_tenants_rule_the_inspector_as_they_rule_grpc() {
     assert_eq!(status, 200);
     assert!(page.contains("href=\"/inspect/session?id=s1\""), "{page}");
     assert!(!page.contains("g1"));
-    let bad = "token=wrong";
-    let (status, head, page) = http(
-        addr,
-        &format!(
-            "POST /inspect/login HTTP/1.1\r\nHost: ctxbroker\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{bad}",
-            bad.len()
-        ),
-    );
+    let (status, head, page) = log_in(addr, "wrong");
     assert_eq!(status, 401);
     assert!(!head.contains_key("set-cookie"));
     assert!(page.contains("unknown token"), "{page}");

@@ -265,6 +265,20 @@ impl Inspector {
             })
     }
 
+    /// A view read as the caller of a request with `headers` sees it.
+    async fn read<'a, T, F>(
+        &'a self,
+        headers: &HeaderMap,
+        params: &'a Params,
+        view: impl FnOnce(&'a Inspector, Scope, &'a Params) -> F,
+    ) -> Result<T, Problem>
+    where
+        F: Future<Output = Result<T, Problem>> + 'a,
+    {
+        let scope = self.scope(headers)?;
+        view(self, scope, params).await
+    }
+
     /// The full id of the session the `id` parameter names, checked as
     /// the gRPC API checks it for a caller in `scope`.
     fn full_id(&self, scope: &Scope, params: &Params) -> Result<String, Problem> {
@@ -280,7 +294,8 @@ impl Inspector {
         Ok(scope.full_id(id).into_owned())
     }
 
-    async fn sessions(&self, scope: &Scope, params: &Params) -> Result<SessionList, Problem> {
+    async fn sessions(&self, scope: Scope, params: &Params) -> Result<SessionList, Problem> {
+        let scope = &scope;
         let limit = number("limit", &params.limit, SESSIONS_PAGE.0, SESSIONS_PAGE.1)? as usize;
         let after = match params.after.as_deref().filter(|a| !a.is_empty()) {
             Some(after) => {
@@ -312,7 +327,8 @@ impl Inspector {
         })
     }
 
-    async fn session(&self, scope: &Scope, params: &Params) -> Result<SessionView, Problem> {
+    async fn session(&self, scope: Scope, params: &Params) -> Result<SessionView, Problem> {
+        let scope = &scope;
         let full = self.full_id(scope, params)?;
         let from = position("from", &params.from)?.unwrap_or(0);
         let limit = number("limit", &params.limit, SPANS_PAGE.0, SPANS_PAGE.1)?;
@@ -364,7 +380,8 @@ impl Inspector {
         })
     }
 
-    async fn archive(&self, scope: &Scope, params: &Params) -> Result<ArchiveView, Problem> {
+    async fn archive(&self, scope: Scope, params: &Params) -> Result<ArchiveView, Problem> {
+        let scope = &scope;
         let full = self.full_id(scope, params)?;
         let turn = position("turn", &params.turn)?;
         let after = position("after", &params.after)?;
@@ -403,7 +420,8 @@ impl Inspector {
         })
     }
 
-    async fn span(&self, scope: &Scope, params: &Params) -> Result<SpanView, Problem> {
+    async fn span(&self, scope: Scope, params: &Params) -> Result<SpanView, Problem> {
+        let scope = &scope;
         let full = self.full_id(scope, params)?;
         let Some(span_id) = position("span", &params.span)? else {
             return Err(Problem::bad("`span` is required: the span's id"));
@@ -434,13 +452,14 @@ impl Inspector {
 fn html<T>(
     inspector: &Inspector,
     result: Result<T, Problem>,
-    render: impl FnOnce(&T) -> maud::Markup,
+    render: fn(&T, bool) -> maud::Markup,
 ) -> Response {
+    let login = inspector.inner.access.required();
     match result {
-        Ok(view) => render(&view).into_response(),
+        Ok(view) => render(&view, login).into_response(),
         Err(problem) if problem.status == StatusCode::UNAUTHORIZED => (
             StatusCode::UNAUTHORIZED,
-            page::login(inspector.inner.access.required(), Some(&problem.message)),
+            page::login(login, Some(&problem.message)),
         )
             .into_response(),
         Err(problem) => (
@@ -459,102 +478,33 @@ fn json<T: serde::Serialize>(result: Result<T, Problem>) -> Response {
     }
 }
 
-async fn sessions_page(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.sessions(&scope, &params).await,
-        Err(problem) => Err(problem),
+/// A view's page and its JSON twin: both read the view with `$read` as
+/// the request's caller sees it; the page renders it with `$render`.
+macro_rules! page_and_twin {
+    ($page:ident, $twin:ident, $read:ident, $render:path) => {
+        async fn $page(
+            State(inspector): State<Inspector>,
+            headers: HeaderMap,
+            Query(params): Query<Params>,
+        ) -> Response {
+            let result = inspector.read(&headers, &params, Inspector::$read).await;
+            html(&inspector, result, $render)
+        }
+
+        async fn $twin(
+            State(inspector): State<Inspector>,
+            headers: HeaderMap,
+            Query(params): Query<Params>,
+        ) -> Response {
+            json(inspector.read(&headers, &params, Inspector::$read).await)
+        }
     };
-    let login = inspector.inner.access.required();
-    html(&inspector, result, |view| page::sessions(view, login))
 }
 
-async fn sessions_json(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.sessions(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    json(result)
-}
-
-async fn session_page(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.session(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    html(&inspector, result, page::session)
-}
-
-async fn session_json(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.session(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    json(result)
-}
-
-async fn archive_page(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.archive(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    html(&inspector, result, page::archive)
-}
-
-async fn archive_json(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.archive(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    json(result)
-}
-
-async fn span_page(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.span(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    html(&inspector, result, page::span)
-}
-
-async fn span_json(
-    State(inspector): State<Inspector>,
-    headers: HeaderMap,
-    Query(params): Query<Params>,
-) -> Response {
-    let result = match inspector.scope(&headers) {
-        Ok(scope) => inspector.span(&scope, &params).await,
-        Err(problem) => Err(problem),
-    };
-    json(result)
-}
+page_and_twin!(sessions_page, sessions_json, sessions, page::sessions);
+page_and_twin!(session_page, session_json, session, page::session);
+page_and_twin!(archive_page, archive_json, archive, page::archive);
+page_and_twin!(span_page, span_json, span, page::span);
 
 /// `/inspect/api/events`: the session's markers as server-sent events.
 async fn events(

@@ -206,7 +206,7 @@ fn session_row(s: &SessionItem) -> Markup {
 }
 
 /// A session's page.
-pub(super) fn session(view: &SessionView) -> Markup {
+pub(super) fn session(view: &SessionView, logout: bool) -> Markup {
     let s = &view.session;
     let id = s.id.clone();
     let events = link(
@@ -240,7 +240,7 @@ pub(super) fn session(view: &SessionView) -> Markup {
             p .twin { a href=(twin) { "This page as JSON" } }
         }
     };
-    frame(&format!("Session {}", s.id), false, body)
+    frame(&format!("Session {}", s.id), logout, body)
 }
 
 fn window_section(w: &WindowBar) -> Markup {
@@ -554,7 +554,7 @@ fn span_table(table_id: &str, caption: &str, items: &[SpanItem], id: &str, live:
 }
 
 /// A page of archived spans.
-pub(super) fn archive(view: &ArchiveView) -> Markup {
+pub(super) fn archive(view: &ArchiveView, logout: bool) -> Markup {
     let id = view.session_id.clone();
     let mut next = vec![("id", id.clone())];
     if let Some(turn) = view.turn {
@@ -578,11 +578,11 @@ pub(super) fn archive(view: &ArchiveView) -> Markup {
         }
         p .twin { a href=(link("/inspect/api/archive", &next)) { "This page as JSON" } }
     };
-    frame(&title, false, body)
+    frame(&title, logout, body)
 }
 
 /// One span, whole.
-pub(super) fn span(view: &SpanView) -> Markup {
+pub(super) fn span(view: &SpanView, logout: bool) -> Markup {
     let s = &view.span;
     let id = view.session_id.clone();
     let title = format!("Span {} of {}", s.id, id);
@@ -606,7 +606,7 @@ pub(super) fn span(view: &SpanView) -> Markup {
         }
         p .twin { a href=(link("/inspect/api/span", &[("id", id.clone()), ("span", s.id.to_string())])) { "This span as JSON" } }
     };
-    frame(&title, false, body)
+    frame(&title, logout, body)
 }
 
 /// The login form; with `required` false, says there is nothing to log
