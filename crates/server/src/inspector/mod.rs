@@ -221,8 +221,8 @@ fn json_body(value: &impl serde::Serialize) -> Response {
     }
 }
 
-/// A whole number parameter within `[1, max]` (or `[0, max]` with
-/// `zero`), or its default.
+/// A whole number parameter within `[1, max]`, or its default when it is
+/// absent or empty.
 fn number(field: &str, value: &Option<String>, default: u64, max: u64) -> Result<u64, Problem> {
     match value.as_deref().map(str::trim) {
         None | Some("") => Ok(default),
