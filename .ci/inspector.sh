@@ -3,7 +3,9 @@
 # started with --inspector, a session driven through a burst and its
 # compactions by the Python client, its pages opened in Debian's headless
 # chromium through chromedriver (Selenium), the window bar checked against
-# GetContext and a new marker seen arriving live; screenshots land in
+# GetContext and a new marker seen arriving live, then the same behind a
+# token file (login form, a tenant's view, live events with the login
+# cookie, log out); screenshots land in
 # target/inspector/screenshots (CTXBROKER_SCREENSHOTS=docs/img refreshes
 # the README's). Needs chromium and chromium-driver (installed by
 # .ci/run); installs its Python packages into target/inspector/venv, pinned
