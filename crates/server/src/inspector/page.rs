@@ -349,7 +349,18 @@ fn markers_section(view: &SessionView) -> Markup {
                 }
                 tbody {
                     @if view.markers.items.is_empty() {
-                        tr #no-markers { td colspan="9" { "No markers yet." } }
+                        tr #no-markers {
+                            td colspan="9" {
+                                @if view.markers.before.is_some() {
+                                    "None among the newest markers of the log read for this page; "
+                                    "the older ones are behind the link below."
+                                } @else if view.session.last_marker == 0 {
+                                    "No markers yet."
+                                } @else {
+                                    "No markers of this session are retained."
+                                }
+                            }
+                        }
                     }
                     @for m in &view.markers.items {
                         (marker_row(m))
