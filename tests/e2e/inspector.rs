@@ -472,7 +472,7 @@ fn open_events(addr: SocketAddr, query: &str, headers: &str) -> BufReader<TcpStr
 
 #[tokio::test]
 async fn live_events_bring_new_markers_and_resume_by_sequence() {
-    let daemon = Served::start(&["--inspector"]);
+    let mut daemon = Served::start(&["--inspector"]);
     let mut client = daemon.client().await;
     create(&mut client, "live", window(600)).await;
     create(&mut client, "other", window(600)).await;
@@ -519,6 +519,25 @@ async fn live_events_bring_new_markers_and_resume_by_sequence() {
             .all(|e| e.0 != "marker" || e.1.parse::<u64>().unwrap() > seq),
         "{next:?}"
     );
+
+    // Open event streams do not hold the daemon at SIGTERM: they end, and
+    // the daemon stops well inside its drain. (The wait is on the blocking
+    // pool, so this runtime keeps serving the gRPC client's connection,
+    // which the daemon's drain waits for.)
+    let started = Instant::now();
+    let (status, daemon) = tokio::task::spawn_blocking(move || {
+        let status = daemon.terminate();
+        (status, daemon)
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped after {:?} with a stream open",
+        started.elapsed()
+    );
+    drop((client, daemon, after, again));
 }
 
 #[test]
