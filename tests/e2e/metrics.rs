@@ -466,6 +466,14 @@ async fn the_numbers_move_by_exactly_what_was_done() {
     assert!(flushes >= 1.0);
     assert!(flushes <= after.get("ctxbroker_store_flushes_total", &[]));
     assert!(after.get("ctxbroker_store_writes_total", &[]) >= (admitted + 3) as f64);
+    // Each admission wrote at least its span, the span's term row and the
+    // session's record; the bytes include every span's text.
+    let keys = after.get("ctxbroker_store_keys_written_total", &[]);
+    assert!(
+        keys >= (3 * admitted) as f64,
+        "{keys} keys for {admitted} turns"
+    );
+    assert!(after.get("ctxbroker_store_bytes_written_total", &[]) > keys);
 
     // The watcher leaves.
     drop(stream);

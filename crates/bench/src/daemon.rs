@@ -65,6 +65,8 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
         data_dir,
         durability,
         quota,
+        // The store's counters (keys and bytes written) are read from it.
+        metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         ..Settings::default()
     };
     if let Some(bytes) = session_cache {
@@ -88,7 +90,14 @@ pub async fn daemon_main(args: &[String]) -> Result<(), Failure> {
     let shutdown = async move {
         let _ = closed_rx.await;
     };
-    ctxbroker_server::run(settings, listener, BUILD, shutdown).await?;
+    let control = ctxbroker_server::Control::new();
+    let announce = control.clone();
+    tokio::spawn(async move {
+        if let Some(metrics) = announce.serving().await.metrics {
+            println!("metrics {metrics}");
+        }
+    });
+    ctxbroker_server::run_with(settings, listener, BUILD, shutdown, control).await?;
     Ok(())
 }
 
@@ -115,6 +124,8 @@ fn durability_flag(durability: Durability) -> &'static str {
 pub struct DaemonProcess {
     /// Where it serves.
     pub addr: SocketAddr,
+    /// Where it serves its metrics.
+    pub metrics: SocketAddr,
     child: Child,
     stdin: Option<ChildStdin>,
     _dir: tempfile::TempDir,
@@ -169,8 +180,8 @@ impl DaemonProcess {
             .stderr(Stdio::inherit())
             .spawn()?;
         let stdin = child.stdin.take();
-        let addr = match read_address(&mut child) {
-            Ok(addr) => addr,
+        let (addr, metrics) = match read_addresses(&mut child) {
+            Ok(addresses) => addresses,
             Err(err) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -179,6 +190,7 @@ impl DaemonProcess {
         };
         Ok(DaemonProcess {
             addr,
+            metrics,
             child,
             stdin,
             _dir: dir,
@@ -206,29 +218,88 @@ impl Drop for DaemonProcess {
     }
 }
 
-/// Reads the child's `listening ADDR` line, within the deadline.
-fn read_address(child: &mut Child) -> Result<SocketAddr, Failure> {
+/// Reads the child's `listening ADDR` and `metrics ADDR` lines, within the
+/// deadline.
+fn read_addresses(child: &mut Child) -> Result<(SocketAddr, SocketAddr), Failure> {
     let stdout = child.stdout.take().ok_or("the daemon has no stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("daemon-stdout".into())
         .spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next();
-            let _ = tx.send(first);
+            for _ in 0..2 {
+                let _ = tx.send(lines.next());
+            }
             // Keep draining so the child never blocks on a full pipe.
             for _ in lines {}
         })?;
-    let line = match rx.recv_timeout(PROCESS_DEADLINE) {
-        Ok(Some(Ok(line))) => line,
-        Ok(Some(Err(err))) => return Err(format!("reading the daemon's address: {err}").into()),
-        Ok(None) => return Err("the daemon exited before printing its address".into()),
-        Err(_) => return Err("the daemon did not print its address within a minute".into()),
+    let deadline = std::time::Instant::now() + PROCESS_DEADLINE;
+    let next = |prefix: &str| -> Result<SocketAddr, Failure> {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = match rx.recv_timeout(left) {
+            Ok(Some(Ok(line))) => line,
+            Ok(Some(Err(err))) => {
+                return Err(format!("reading the daemon's addresses: {err}").into());
+            }
+            Ok(None) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err("the daemon exited before printing its addresses".into());
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                return Err("the daemon did not print its addresses within a minute".into());
+            }
+        };
+        let addr = line
+            .strip_prefix(prefix)
+            .ok_or_else(|| format!("expected {prefix:?} from the daemon; got {line:?}"))?;
+        Ok(addr.parse()?)
     };
-    let addr = line
-        .strip_prefix("listening ")
-        .ok_or_else(|| format!("unexpected first line from the daemon: {line:?}"))?;
-    Ok(addr.parse()?)
+    Ok((next("listening ")?, next("metrics ")?))
+}
+
+/// The store's counters of what the writer handed the engine, as the
+/// daemon's metrics say.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineWrites {
+    /// Keys inserted or replaced.
+    pub keys: f64,
+    /// Bytes of those keys and values.
+    pub bytes: f64,
+}
+
+impl EngineWrites {
+    /// Reads the counters from the metrics endpoint at `addr`.
+    pub fn read(addr: SocketAddr) -> Result<EngineWrites, Failure> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(PROCESS_DEADLINE))?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        let value = |name: &str| -> Result<f64, Failure> {
+            text.lines()
+                .find_map(|line| {
+                    line.strip_prefix(name)?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .ok_or_else(|| format!("the daemon's metrics have no {name}").into())
+        };
+        Ok(EngineWrites {
+            keys: value("ctxbroker_store_keys_written_total")?,
+            bytes: value("ctxbroker_store_bytes_written_total")?,
+        })
+    }
+
+    /// What was written since `before`, per request of `requests`.
+    pub fn per_request(self, before: EngineWrites, requests: usize) -> EngineWrites {
+        let n = requests.max(1) as f64;
+        EngineWrites {
+            keys: (self.keys - before.keys) / n,
+            bytes: (self.bytes - before.bytes) / n,
+        }
+    }
 }
 
 /// Waits for the child to exit; false if it is still running at `deadline`.

@@ -164,6 +164,14 @@ pub struct StoreStats {
     pub largest_batch: u64,
     /// Times the commit hook panicked (the store carries on).
     pub hook_panics: u64,
+    /// Keys inserted or replaced by applied batches, over every tree (the
+    /// commit epoch of each batch among them).
+    pub keys_written: u64,
+    /// Keys removed by applied batches.
+    pub keys_removed: u64,
+    /// Bytes of the keys and values inserted or replaced: what the
+    /// engine was handed to write, before its own framing.
+    pub bytes_written: u64,
     /// Writes waiting in the queue right now.
     pub queued: u64,
 }

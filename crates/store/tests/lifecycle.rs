@@ -220,3 +220,41 @@ async fn sessions_and_text_bytes_are_counted_by_id_prefix() {
     assert_eq!(store.session_count_with_prefix("acme/").unwrap(), 1);
     assert_eq!(store.text_bytes_with_prefix("acme/").unwrap(), plain);
 }
+
+/// The writer counts the keys and bytes it hands the engine: an admission
+/// of two spans is each span and its term row, the session's record and
+/// the batch's commit epoch; a deletion removes what the session held.
+#[tokio::test]
+async fn the_writer_counts_the_keys_and_bytes_it_writes() {
+    let dir = tempdir();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut s = Session::new("counted");
+    store.write(s.create()).await.unwrap();
+    let before = store.stats();
+    store.write(s.admit_next(2)).await.unwrap();
+    let after = store.stats();
+    assert_eq!(after.keys_written - before.keys_written, 2 + 2 + 1 + 1);
+    assert_eq!(after.keys_removed, before.keys_removed);
+    let bytes = after.bytes_written - before.bytes_written;
+    let text: u64 = store
+        .live_spans("counted")
+        .unwrap()
+        .iter()
+        .map(|span| span.text.len() as u64)
+        .sum();
+    assert!(bytes > text, "{bytes} bytes written for {text} of text");
+    assert!(
+        bytes < text + 1024,
+        "{bytes} bytes written for {text} of text"
+    );
+    store
+        .write(WriteOp::DeleteSession {
+            id: "counted".into(),
+        })
+        .await
+        .unwrap();
+    // The record, two spans and two term rows go; the epoch is written.
+    let deleted = store.stats();
+    assert_eq!(deleted.keys_removed - after.keys_removed, 5);
+    assert_eq!(deleted.keys_written - after.keys_written, 1);
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ctxbroker_proto::v1 as pb;
 
 use crate::common::{Client, Failure, Quantiles};
-use crate::daemon::PhaseMeter;
+use crate::daemon::{EngineWrites, PhaseMeter};
 
 use super::{Turn, Workload};
 
@@ -39,13 +39,17 @@ pub(super) struct FlatRow {
     pub p50_us: f64,
     /// The daemon's CPU per request, µs.
     pub cpu_us: f64,
+    /// Keys and bytes the store's writer handed the engine per request.
+    pub written: EngineWrites,
 }
 
 /// Grows a session per size and measures `admissions` no-ops and
-/// admissions on each, against the daemon `pid`.
+/// admissions on each, against the daemon `pid` (whose metrics are at
+/// `metrics`).
 pub(super) async fn rows(
     client: &Client,
     pid: u32,
+    metrics: std::net::SocketAddr,
     workload: &Workload,
     sizes: &[usize],
     admissions: usize,
@@ -68,6 +72,7 @@ pub(super) async fn rows(
             admit(&mut client, &session, shorts[n % shorts.len()]).await?;
         }
         let mut latencies = Vec::with_capacity(admissions);
+        let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
         for _ in 0..admissions {
             let t0 = Instant::now();
@@ -75,8 +80,10 @@ pub(super) async fn rows(
             latencies.push(t0.elapsed());
         }
         let used = meter.finish()?;
-        rows.push(row(size, "no-op", &mut latencies, used.cpu_seconds));
+        let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
+        rows.push(row(size, "no-op", &mut latencies, used.cpu_seconds, wrote));
         let mut latencies = Vec::with_capacity(admissions);
+        let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
         for n in 0..admissions {
             let t0 = Instant::now();
@@ -87,8 +94,10 @@ pub(super) async fn rows(
             latencies.push(t0.elapsed());
         }
         let used = meter.finish()?;
-        rows.push(row(size, "admit", &mut latencies, used.cpu_seconds));
+        let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
+        rows.push(row(size, "admit", &mut latencies, used.cpu_seconds, wrote));
         let mut latencies = Vec::with_capacity(admissions);
+        let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
         for n in 0..admissions {
             let key = format!("flat-{size}-{n}");
@@ -101,12 +110,25 @@ pub(super) async fn rows(
             latencies.push(t0.elapsed());
         }
         let used = meter.finish()?;
-        rows.push(row(size, "admit+key", &mut latencies, used.cpu_seconds));
+        let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
+        rows.push(row(
+            size,
+            "admit+key",
+            &mut latencies,
+            used.cpu_seconds,
+            wrote,
+        ));
     }
     Ok(rows)
 }
 
-fn row(size: usize, request: &'static str, latencies: &mut [Duration], cpu: f64) -> FlatRow {
+fn row(
+    size: usize,
+    request: &'static str,
+    latencies: &mut [Duration],
+    cpu: f64,
+    written: EngineWrites,
+) -> FlatRow {
     latencies.sort();
     let requests = latencies.len();
     FlatRow {
@@ -115,6 +137,7 @@ fn row(size: usize, request: &'static str, latencies: &mut [Duration], cpu: f64)
         requests,
         p50_us: Quantiles::of(latencies).p50,
         cpu_us: cpu * 1e6 / requests.max(1) as f64,
+        written,
     }
 }
 
@@ -188,7 +211,7 @@ async fn admit_keyed(
 /// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
-        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size |\n|---|---|---|---|---|---|---|---|\n",
+        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         // The same request at the first size.
@@ -209,8 +232,8 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             ("–".to_owned(), "–".to_owned())
         };
         out.push_str(&format!(
-            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} |\n",
-            r.live_spans, r.request, r.requests, r.p50_us, r.cpu_us
+            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} | {:.2} / {:.0} |\n",
+            r.live_spans, r.request, r.requests, r.p50_us, r.cpu_us, r.written.keys, r.written.bytes
         ));
     }
     out

@@ -455,6 +455,7 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
             let rows = flat::rows(
                 &target.channels[0],
                 target.daemon.pid(),
+                target.daemon.metrics,
                 &workload,
                 &args.flat_sizes,
                 args.flat_requests,

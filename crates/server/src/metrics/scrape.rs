@@ -245,6 +245,21 @@ impl Collector for Scraped {
                 "Flushes of the storage engine.",
                 stats.flushes,
             ),
+            (
+                "ctxbroker_store_keys_written",
+                "Keys the writer inserted or replaced, over every tree.",
+                stats.keys_written,
+            ),
+            (
+                "ctxbroker_store_keys_removed",
+                "Keys the writer removed.",
+                stats.keys_removed,
+            ),
+            (
+                "ctxbroker_store_bytes_written",
+                "Bytes of the keys and values the writer handed the storage engine.",
+                stats.bytes_written,
+            ),
         ] {
             // The encoder appends `_total` to a counter's name.
             let family = e.encode_descriptor(name, help, None, MetricType::Counter)?;

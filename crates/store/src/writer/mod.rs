@@ -113,6 +113,9 @@ pub(crate) struct Shared {
     pub(crate) flushes: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) hook_panics: AtomicU64,
+    pub(crate) keys_written: AtomicU64,
+    pub(crate) keys_removed: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
     /// Postings of recently searched sessions.
     pub(crate) search: IndexCache,
 }
@@ -132,6 +135,9 @@ impl Shared {
             flushes: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
             hook_panics: AtomicU64::new(0),
+            keys_written: AtomicU64::new(0),
+            keys_removed: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
         }
     }
 
@@ -152,6 +158,9 @@ impl Shared {
             flushes: get(&self.flushes),
             largest_batch: get(&self.largest_batch),
             hook_panics: get(&self.hook_panics),
+            keys_written: get(&self.keys_written),
+            keys_removed: get(&self.keys_removed),
+            bytes_written: get(&self.bytes_written),
             queued: 0,
         }
     }
@@ -389,6 +398,19 @@ impl Writer {
             return;
         }
         shared.transactions.fetch_add(1, Ordering::Relaxed);
+        let (mut written, mut removed, mut bytes) = (0u64, 0u64, 0u64);
+        for ((_, key), value) in &writes {
+            match value {
+                Some(value) => {
+                    written += 1;
+                    bytes += (key.len() + value.len()) as u64;
+                }
+                None => removed += 1,
+            }
+        }
+        shared.keys_written.fetch_add(written, Ordering::Relaxed);
+        shared.keys_removed.fetch_add(removed, Ordering::Relaxed);
+        shared.bytes_written.fetch_add(bytes, Ordering::Relaxed);
         self.epoch = epoch;
         self.next_seq = next_seq;
         self.oldest_seq = oldest;
