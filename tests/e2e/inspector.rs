@@ -278,6 +278,13 @@ async fn bad_input_gets_a_clear_answer_and_big_sessions_come_in_pages() {
     assert!(past["spans"]["items"].as_array().unwrap().is_empty());
     let (_, _, page) = get(addr, "/inspect/session?id=big", "");
     assert!(page.contains("id=\"next-spans\""));
+    // A page of another size links to the next one of that size.
+    let (_, _, page) = get(addr, "/inspect/session?id=big&from=50&limit=50", "");
+    assert!(
+        page.contains("/inspect/session?id=big&amp;from=100&amp;limit=50"),
+        "{page}"
+    );
+    assert!(page.contains("/inspect/session?id=big&amp;from=0&amp;limit=50"));
 
     // Sessions come in pages too.
     for id in ["c1", "c2"] {

@@ -185,12 +185,7 @@ impl BrokerService {
     /// Checks a session id as a caller in `scope` names it: a bare id for
     /// a tenant, a bare or full id for an operator.
     fn check_named(&self, scope: &Scope, field: &str, id: &str) -> Result<(), BadField> {
-        let limits = self.broker.limits();
-        if scope.tenant_name().is_some() {
-            validate::session_id(field, id, limits)
-        } else {
-            validate::full_session_id(field, id, limits)
-        }
+        validate::named_session_id(scope, field, id, self.broker.limits())
     }
 
     /// The full id of the session a caller in `scope` names `id`.

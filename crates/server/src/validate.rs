@@ -55,6 +55,20 @@ pub fn full_session_id(field: &str, id: &str, limits: &Limits) -> Result<(), Bad
     }
 }
 
+/// Checks a session id as a caller in `scope` names it: a bare id for a
+/// tenant, a bare or full id for an operator.
+pub fn named_session_id(
+    scope: &crate::tenant::Scope,
+    field: &str,
+    id: &str,
+    limits: &Limits,
+) -> Result<(), BadField> {
+    match scope.tenant_name() {
+        Some(_) => session_id(field, id, limits),
+        None => full_session_id(field, id, limits),
+    }
+}
+
 /// Turns a single bad field into the request's error.
 pub fn single(bad: BadField) -> ApiError {
     ApiError::InvalidArgument(vec![bad])

@@ -557,8 +557,8 @@ impl Store {
     /// (from the committed head for `None`) over at most `scan` markers of
     /// any session. The log is global, so the walk is bounded: a page's
     /// `before` says where to go on, and is `None` once the oldest
-    /// retained marker was reached. Markers retention removes while the
-    /// walk runs are simply not found.
+    /// retained marker was reached. Markers that retention removes while
+    /// the walk runs are simply not found.
     pub fn session_markers(
         &self,
         session: &str,

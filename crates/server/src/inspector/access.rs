@@ -52,22 +52,24 @@ impl Access {
                 )
             })?,
         };
-        self.check(tokens, token)
+        known(tokens, token)
     }
 
     /// The caller a token stands for.
     pub(crate) fn login(&self, token: &str) -> Result<Caller, Refused> {
         match self {
             Access::Open => Ok(Caller::open()),
-            Access::Tokens(tokens) => self.check(tokens, token),
+            Access::Tokens(tokens) => known(tokens, token),
         }
     }
+}
 
-    fn check(&self, tokens: &Tokens, token: &str) -> Result<Caller, Refused> {
-        tokens.table().caller(token).ok_or_else(|| {
-            Refused("unknown token: it is not in the daemon's token file".to_owned())
-        })
-    }
+/// The caller the token file has for `token`.
+fn known(tokens: &Tokens, token: &str) -> Result<Caller, Refused> {
+    tokens
+        .table()
+        .caller(token)
+        .ok_or_else(|| Refused("unknown token: it is not in the daemon's token file".to_owned()))
 }
 
 /// The login cookie's value, when the request carries one.

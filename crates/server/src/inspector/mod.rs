@@ -285,12 +285,14 @@ impl Inspector {
         let Some(id) = params.id.as_deref().filter(|id| !id.is_empty()) else {
             return Err(Problem::bad("`id` is required: the session's id"));
         };
-        let limits = self.broker().limits();
-        let checked = match scope.tenant_name() {
-            Some(_) => validate::session_id("id", id, limits),
-            None => validate::full_session_id("id", id, limits),
-        };
-        checked.map_err(|bad| Problem::bad(format!("`{}` {}", bad.field, bad.description)))?;
+        self.named(scope, "id", id)
+    }
+
+    /// The full id of the session a caller in `scope` names `id` in
+    /// `field`.
+    fn named(&self, scope: &Scope, field: &str, id: &str) -> Result<String, Problem> {
+        validate::named_session_id(scope, field, id, self.broker().limits())
+            .map_err(|bad| Problem::bad(format!("`{}` {}", bad.field, bad.description)))?;
         Ok(scope.full_id(id).into_owned())
     }
 
@@ -298,15 +300,9 @@ impl Inspector {
         let scope = &scope;
         let limit = number("limit", &params.limit, SESSIONS_PAGE.0, SESSIONS_PAGE.1)? as usize;
         let after = match params.after.as_deref().filter(|a| !a.is_empty()) {
-            Some(after) => {
-                let named = Params {
-                    id: Some(after.to_owned()),
-                    ..Params::default()
-                };
-                Some(self.full_id(scope, &named).map_err(|_| {
-                    Problem::bad("`after` must be a session id from the previous page")
-                })?)
-            }
+            Some(after) => Some(self.named(scope, "after", after).map_err(|_| {
+                Problem::bad("`after` must be a session id from the previous page")
+            })?),
             None => None,
         };
         let mut records = self
@@ -364,6 +360,7 @@ impl Inspector {
             window,
             spans: SpanPage {
                 from: start,
+                limit: limit as usize,
                 total,
                 items,
                 next_from: (end < total).then_some(end),

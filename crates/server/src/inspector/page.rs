@@ -502,15 +502,27 @@ fn spans_section(view: &SessionView) -> Markup {
             }
             p .pages {
                 @if page.from > 0 {
-                    a href=(link("/inspect/session", &[("id", id.clone()), ("from", page.from.saturating_sub(crate::inspector::SPANS_PAGE.0 as usize).to_string())])) { "← Earlier spans" }
+                    a href=(spans_link(&id, page.from.saturating_sub(page.limit), page.limit)) { "← Earlier spans" }
                     " "
                 }
                 @if let Some(next) = page.next_from {
-                    a #next-spans href=(link("/inspect/session", &[("id", id.clone()), ("from", next.to_string())])) { "Later spans →" }
+                    a #next-spans href=(spans_link(&id, next, page.limit)) { "Later spans →" }
                 }
             }
         }
     }
+}
+
+/// The session page that shows `limit` live spans from `from`.
+fn spans_link(id: &str, from: usize, limit: usize) -> String {
+    link(
+        "/inspect/session",
+        &[
+            ("id", id.to_owned()),
+            ("from", from.to_string()),
+            ("limit", limit.to_string()),
+        ],
+    )
 }
 
 fn span_table(table_id: &str, caption: &str, items: &[SpanItem], id: &str, live: bool) -> Markup {

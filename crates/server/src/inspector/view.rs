@@ -180,6 +180,8 @@ impl WindowBar {
 pub(crate) struct SpanPage {
     /// The index of the first span shown among all of them.
     pub(crate) from: usize,
+    /// The most spans a page of this view shows.
+    pub(crate) limit: usize,
     /// All the spans there are.
     pub(crate) total: usize,
     /// The spans shown.
