@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from ctxbroker_client import Broker, LocalDaemon, find_binary, pb, tool, user
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -243,7 +244,11 @@ def test_a_tenants_token_logs_in_sees_its_own_and_follows_live(browser: WebDrive
             # A wrong token is refused on the form.
             browser.find_element(By.ID, "token").send_keys("not-a-token")
             browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-            assert "unknown token" in text(browser, "problem")
+            # The form's answer replaces the page, whose own #problem said
+            # that no credentials were sent: wait for the new one.
+            WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+                lambda d: "unknown token" in text(d, "problem")
+            )
             # The watcher's token: its tenant's session, by its bare id.
             browser.find_element(By.ID, "token").send_keys(watcher)
             browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
