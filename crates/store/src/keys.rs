@@ -37,13 +37,11 @@ pub(crate) enum TreeId {
     Meta,
     /// Session ‖ caller's idempotency key → the span admitted with it.
     Keys,
-    /// Session ‖ span id → the span's term vector, for search.
-    Terms,
 }
 
 impl TreeId {
     /// Every tree, in the order the writer's transaction takes them.
-    pub(crate) const ALL: [TreeId; 8] = [
+    pub(crate) const ALL: [TreeId; 7] = [
         TreeId::Sessions,
         TreeId::Spans,
         TreeId::Pins,
@@ -51,18 +49,12 @@ impl TreeId {
         TreeId::Markers,
         TreeId::Meta,
         TreeId::Keys,
-        TreeId::Terms,
     ];
 
     /// The trees keyed by session prefix: what a session owns besides its
     /// record.
-    pub(crate) const PER_SESSION: [TreeId; 5] = [
-        TreeId::Spans,
-        TreeId::Pins,
-        TreeId::Archive,
-        TreeId::Keys,
-        TreeId::Terms,
-    ];
+    pub(crate) const PER_SESSION: [TreeId; 4] =
+        [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys];
 
     /// The tree's name on disk and in errors.
     pub(crate) fn name(self) -> &'static str {
@@ -74,7 +66,6 @@ impl TreeId {
             TreeId::Markers => "markers",
             TreeId::Meta => "meta",
             TreeId::Keys => "keys",
-            TreeId::Terms => "terms",
         }
     }
 }
@@ -165,7 +156,7 @@ pub(crate) fn parse_session_number_key(key: &[u8]) -> Option<(String, u64)> {
 pub(crate) fn session_of(tree: TreeId, key: &[u8]) -> Option<String> {
     match tree {
         TreeId::Sessions => std::str::from_utf8(key).ok().map(str::to_owned),
-        TreeId::Spans | TreeId::Pins | TreeId::Archive | TreeId::Terms => {
+        TreeId::Spans | TreeId::Pins | TreeId::Archive => {
             parse_session_number_key(key).map(|(id, _)| id)
         }
         TreeId::Keys => parse_session_text_key(key).map(|(id, _)| id),
@@ -181,19 +172,17 @@ pub(crate) fn render(tree: TreeId, key: &[u8]) -> String {
             Ok(id) => format!("{id:?}"),
             Err(_) => raw(),
         },
-        TreeId::Spans | TreeId::Pins | TreeId::Archive | TreeId::Terms => {
-            match parse_session_number_key(key) {
-                Some((id, n)) => {
-                    let what = if tree == TreeId::Spans {
-                        "position"
-                    } else {
-                        "span"
-                    };
-                    format!("{id:?}/{what} {n}")
-                }
-                None => raw(),
+        TreeId::Spans | TreeId::Pins | TreeId::Archive => match parse_session_number_key(key) {
+            Some((id, n)) => {
+                let what = if tree == TreeId::Spans {
+                    "position"
+                } else {
+                    "span"
+                };
+                format!("{id:?}/{what} {n}")
             }
-        }
+            None => raw(),
+        },
         TreeId::Markers => match parse_marker_key(key) {
             Some(seq) => format!("seq {seq}"),
             None => raw(),
@@ -244,7 +233,6 @@ mod tests {
         assert_eq!(render(TreeId::Markers, &marker_key(42)), "seq 42");
         assert_eq!(render(TreeId::Spans, &[1, 2]), "0x0102");
         assert_eq!(session_of(TreeId::Pins, &key).as_deref(), Some("sess-1"));
-        assert_eq!(render(TreeId::Terms, &key), "\"sess-1\"/span 17");
     }
 
     #[test]

@@ -52,6 +52,7 @@
 mod dir;
 mod error;
 mod keys;
+mod migrate;
 mod model;
 mod record;
 mod search;

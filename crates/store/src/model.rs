@@ -77,7 +77,7 @@ pub enum WriteOp {
         id: String,
     },
     /// Take back a session's newest live spans outright (not archived):
-    /// their spans, pins, term rows and idempotency keys go, and the
+    /// their spans, pins and idempotency keys go, and the
     /// record is replaced. Refused unless each span is live at its
     /// position, and the revision matches.
     Retract {
@@ -88,7 +88,7 @@ pub enum WriteOp {
         /// The spans taken back.
         spans: Vec<Span>,
     },
-    /// Empty a session: its live spans, pins, archive, term rows and
+    /// Empty a session: its live spans, pins, archive and
     /// idempotency keys go; its record is replaced (the caller keeps the
     /// counters). Markers stay.
     ResetSession {

@@ -251,60 +251,14 @@ impl<'a> Resolver<'a> {
     }
 }
 
-/// Indexes the sessions of a store written before the index existed:
-/// those with spans and no term vectors. Runs at open, before the writer
-/// starts; returns the sessions indexed.
-pub(crate) fn index_unindexed(trees: &crate::writer::Trees) -> Result<u64, StoreError> {
-    let mut indexed = 0;
-    for entry in trees.sessions.iter().keys() {
-        let key = entry.map_err(StoreError::engine)?;
-        let Ok(session) = std::str::from_utf8(&key) else {
-            continue;
-        };
-        if keys::check_session_id(session).is_err() {
-            continue;
-        }
-        let prefix = keys::session_prefix(session);
-        if trees.terms.scan_prefix(&prefix).next().is_some() {
-            continue;
-        }
-        let mut batch = sled::Batch::default();
-        let mut add = |span: &Span| {
-            let (key, value) = record::term_row(session, span);
-            batch.insert(key, value);
-        };
-        let mut spans = 0u64;
-        for entry in trees.archive.scan_prefix(&prefix) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            add(&record::decode_archived(&key, &value)?.0);
-            spans += 1;
-        }
-        for entry in trees.spans.scan_prefix(&prefix) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            add(&record::decode_span(&key, &value)?);
-            spans += 1;
-        }
-        if spans == 0 {
-            continue;
-        }
-        trees.terms.apply_batch(batch).map_err(StoreError::engine)?;
-        indexed += 1;
-    }
-    if indexed > 0 {
-        trees.db.flush().map_err(StoreError::engine)?;
-        tracing::info!(
-            sessions = indexed,
-            "indexed sessions stored before search existed"
-        );
-    }
-    Ok(indexed)
-}
-
 /// The postings of recently searched sessions, in memory, bounded by
 /// their estimated bytes. A session's entry holds the term vectors of its
-/// spans up to the highest id read; span ids only grow, so a later search
-/// reads only the rows past it. The writer forgets a session that is
-/// deleted or imported, under its exclusive hold.
+/// spans up to the highest id read; span ids only grow, and an admitted
+/// span's position is its id, so a later search reads only the live spans
+/// at positions past it and the archived spans with ids past it. A
+/// summary takes the position of what it replaces, so the writer forgets
+/// the session when it stores one, as when a session is deleted,
+/// imported or has spans taken back, under its exclusive hold.
 #[derive(Debug)]
 pub(crate) struct IndexCache {
     budget: usize,
@@ -354,30 +308,31 @@ impl SessionIndex {
         session: &str,
         budget: usize,
     ) -> Result<bool, StoreError> {
-        let unread =
-            keys::session_numbers_from(session, self.through.map_or(0, |t| t.saturating_add(1)));
-        for entry in trees.terms.range(unread.clone()) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
-                return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
-            };
-            let vector = record::decode_terms(&key, &value)?;
-            let doc = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
-            self.docs.push((span_id, vector.length));
-            self.total_length += u64::from(vector.length);
-            for e in &vector.entries {
-                self.postings
-                    .entry(e >> 8)
-                    .or_default()
-                    .push((doc, e & 0xff));
-            }
-            self.entries += vector.entries.len();
-            self.through = Some(span_id);
-            if self.bytes() > budget {
-                return Ok(false);
+        let from = self.through.map_or(0, |t| t.saturating_add(1));
+        for (tree, rows) in [
+            (TreeId::Archive, &trees.archive),
+            (TreeId::Spans, &trees.spans),
+        ] {
+            for entry in rows.range(keys::session_numbers_from(session, from)) {
+                let (key, value) = entry.map_err(StoreError::engine)?;
+                let (span_id, packed) = record::stored_terms(tree, &key, &value)?;
+                let vector = record::decode_terms(tree, &key, &packed)?;
+                let doc = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
+                self.docs.push((span_id, vector.length));
+                self.total_length += u64::from(vector.length);
+                for e in &vector.entries {
+                    self.postings
+                        .entry(e >> 8)
+                        .or_default()
+                        .push((doc, e & 0xff));
+                }
+                self.entries += vector.entries.len();
+                self.through = Some(self.through.map_or(span_id, |t| t.max(span_id)));
+                if self.bytes() > budget {
+                    return Ok(false);
+                }
             }
         }
-        count_walk(trees.terms.range(unread))?;
         Ok(true)
     }
 
@@ -519,25 +474,27 @@ fn read_postings(
     let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); term_keys.len()];
     let mut totals = CorpusStats::default();
     let prefix = keys::session_prefix(session);
-    for entry in trees.terms.scan_prefix(&prefix) {
-        let (key, value) = entry.map_err(StoreError::engine)?;
-        let (length, frequencies) = record::term_frequencies(&key, &value, term_keys)?;
-        let Some((_, span_id)) = keys::parse_session_number_key(&key) else {
-            return Err(record::corrupt(TreeId::Terms, &key, "not a span's key"));
-        };
-        totals.spans += 1;
-        totals.total_length += u64::from(length);
-        for (holders, frequency) in postings.iter_mut().zip(frequencies) {
-            if frequency > 0 {
-                holders.push(Posting {
-                    span_id,
-                    frequency,
-                    length,
-                });
+    for (tree, rows) in [
+        (TreeId::Archive, &trees.archive),
+        (TreeId::Spans, &trees.spans),
+    ] {
+        for entry in rows.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let (span_id, packed) = record::stored_terms(tree, &key, &value)?;
+            let (length, frequencies) = record::term_frequencies(tree, &key, &packed, term_keys)?;
+            totals.spans += 1;
+            totals.total_length += u64::from(length);
+            for (holders, frequency) in postings.iter_mut().zip(frequencies) {
+                if frequency > 0 {
+                    holders.push(Posting {
+                        span_id,
+                        frequency,
+                        length,
+                    });
+                }
             }
         }
     }
-    count_walk(trees.terms.scan_prefix(&prefix))?;
     Ok((totals, postings))
 }
 

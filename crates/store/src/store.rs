@@ -13,11 +13,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
+use crate::migrate;
 use crate::model::{
     Durability, MarkerBounds, Pin, SessionMarkers, SessionRecord, StoreOptions, StoreStats,
     StoredSpan, WriteAck, WriteOp,
 };
-use crate::record::{self, FORMAT_VERSION};
+use crate::record;
 use crate::writer::{
     Encoded, EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer,
 };
@@ -111,12 +112,14 @@ impl Store {
         crate::dir::make_private(dir)?;
         let db = open_engine(dir, &options)?;
         let trees = Trees::open(db)?;
-        let (next_seq, oldest_seq) = check_format(&trees)?;
+        let (next_seq, oldest_seq, format) = check_format(&trees)?;
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
         let epoch = check_epoch(&trees, dir, recorded)?;
         crate::writer::repair_torn_appends(&trees)?;
         epoch_file.record(epoch)?;
-        crate::search::index_unindexed(&trees)?;
+        if format < migrate::STORE_FORMAT {
+            migrate::pack_term_vectors(&trees)?;
+        }
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
             MarkerBounds {
@@ -660,6 +663,12 @@ impl Store {
     pub(crate) fn raw_tree(&self, tree: TreeId) -> &sled::Tree {
         self.inner.trees.tree(tree)
     }
+
+    /// The engine itself, for tests that write what another format held.
+    #[cfg(test)]
+    pub(crate) fn raw_db(&self) -> &sled::Db {
+        &self.inner.trees.db
+    }
 }
 
 impl Inner {
@@ -744,8 +753,9 @@ fn check_epoch(trees: &Trees, dir: &Path, recorded: Option<u64>) -> Result<u64, 
 }
 
 /// Checks the stored format version (writing it into a new store) and
-/// returns the marker log's `(next, oldest)`.
-fn check_format(trees: &Trees) -> Result<(u64, u64), StoreError> {
+/// returns the marker log's `(next, oldest)` and the version: this build's
+/// or one [`migrate`] brings up to it.
+fn check_format(trees: &Trees) -> Result<(u64, u64, u32), StoreError> {
     let meta = &trees.meta;
     let meta_corrupt = |key: &[u8], detail: &str| record::corrupt(TreeId::Meta, key, detail);
     let Some(version) = meta.get(keys::META_FORMAT).map_err(StoreError::engine)? else {
@@ -760,22 +770,22 @@ fn check_format(trees: &Trees) -> Result<(u64, u64), StoreError> {
         let mut batch = sled::Batch::default();
         batch.insert(
             keys::META_FORMAT,
-            &record::encode_format_version(u32::from(FORMAT_VERSION))[..],
+            &record::encode_format_version(migrate::STORE_FORMAT)[..],
         );
         batch.insert(keys::META_MARKER_LOG, record::encode_marker_log(1, 1));
         meta.apply_batch(batch).map_err(StoreError::engine)?;
         trees.db.flush().map_err(StoreError::engine)?;
-        return Ok((1, 1));
+        return Ok((1, 1, migrate::STORE_FORMAT));
     };
     let version = record::decode_format_version(&version)?;
-    let supported = u32::from(FORMAT_VERSION);
+    let supported = migrate::STORE_FORMAT;
     if version > supported {
         return Err(StoreError::UnsupportedFormat {
             found: version,
             supported,
         });
     }
-    if version < supported {
+    if version < migrate::SEPARATE_TERMS_FORMAT {
         return Err(meta_corrupt(
             keys::META_FORMAT,
             &format!("format version {version} was never written by any build"),
@@ -804,5 +814,5 @@ fn check_format(trees: &Trees) -> Result<(u64, u64), StoreError> {
             }
         }
     }
-    Ok((log.next_seq, log.oldest_seq))
+    Ok((log.next_seq, log.oldest_seq, version))
 }

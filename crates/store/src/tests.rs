@@ -279,7 +279,7 @@ async fn a_store_from_a_newer_build_is_refused() {
     }
     match Store::open(dir.path(), StoreOptions::default()) {
         Err(StoreError::UnsupportedFormat { found, supported }) => {
-            assert_eq!((found, supported), (7, 1));
+            assert_eq!((found, supported), (7, 2));
         }
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
@@ -561,7 +561,7 @@ mod decoder_props {
             let mut s = span(id);
             s.text = text;
             let key = keys::session_number_key("p", id);
-            let value = codec::encode_span(&key, &s);
+            let value = codec::encode_span(&key, &s, codec::span_terms(&s));
             prop_assert_eq!(codec::decode_span(&key, &value).unwrap(), s);
             prop_assert!(codec::decode_span(&key, &flip(&value, bit)).is_err());
             prop_assert!(codec::decode_span(&key, &value[..cut % value.len()]).is_err());
@@ -668,13 +668,19 @@ async fn a_damaged_term_vector_is_reported_not_ranked() {
     let dir = tempfile::tempdir().unwrap();
     let store = populated(dir.path()).await;
     // Damaged before any search reads it (a search keeps what it read,
-    // checked, in memory).
-    let key = keys::session_number_key("hurt", 1);
-    flip_byte(&store, TreeId::Terms, &key, 9);
+    // checked, in memory): a row whose frame is sound but whose term
+    // vector is not.
+    let key = keys::session_number_key("hurt", 2);
+    let spans = store.raw_tree(TreeId::Spans);
+    let value = spans.get(&key).unwrap().unwrap();
+    let span = record::decode_span(&key, &value).unwrap();
+    spans
+        .insert(&key, record::encode_span(&key, &span, vec![0xff; 3]))
+        .unwrap();
     assert_corrupt(
         search_ids(&store, "hurt", "span"),
-        "terms",
-        "\"hurt\"/span 1",
+        "spans",
+        "\"hurt\"/position 2",
         Some("hurt"),
     );
     // Other sessions still answer; spans "span 1".."span 3" each hold
@@ -682,19 +688,103 @@ async fn a_damaged_term_vector_is_reported_not_ranked() {
     assert_eq!(search_ids(&store, "fine", "span").unwrap().len(), 3);
 }
 
-#[tokio::test]
-async fn a_store_written_before_the_index_is_indexed_at_open() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let store = populated(dir.path()).await;
-        // What a store of an earlier build holds: no terms at all.
-        store.raw_tree(TreeId::Terms).clear().unwrap();
-        assert!(search_ids(&store, "hurt", "span").unwrap().is_empty());
-        store.close().unwrap();
+/// Rewrites a store as format 1 kept it: each span's term vector in a
+/// tree of its own (`with_term_rows`), or nowhere, as before search
+/// existed; the spans' rows without one.
+fn as_format_one(store: &Store, with_term_rows: bool) {
+    let terms = store.raw_db().open_tree("terms").unwrap();
+    for tree in [TreeId::Spans, TreeId::Archive] {
+        for entry in store.raw_tree(tree).iter() {
+            let (key, value) = entry.unwrap();
+            let old = record::format_one(tree, &key, &value).unwrap();
+            store.raw_tree(tree).insert(&key, old.row).unwrap();
+            if with_term_rows {
+                terms.insert(old.term_key, old.term_row).unwrap();
+            }
+        }
     }
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    assert_eq!(search_ids(&store, "hurt", "span").unwrap(), [3, 2, 1]);
-    assert_eq!(search_ids(&store, "fine", "span").unwrap(), [3, 2, 1]);
+    if with_term_rows {
+        // A crash in the middle of an append leaves its first row, the
+        // term row of the next span id, without the span.
+        let torn = span(4);
+        let key = keys::session_number_key("hurt", torn.position);
+        let value = record::encode_span(&key, &torn, record::span_terms(&torn));
+        let old = record::format_one(TreeId::Spans, &key, &value).unwrap();
+        terms.insert(old.term_key, old.term_row).unwrap();
+    }
+    store
+        .raw_tree(TreeId::Meta)
+        .insert(keys::META_FORMAT, &record::encode_format_version(1)[..])
+        .unwrap();
+}
+
+/// Every live and archived span of a session, and the term vector its
+/// row carries.
+fn span_rows(store: &Store, session: &str) -> Vec<(Span, Option<Vec<u8>>)> {
+    let prefix = keys::session_prefix(session);
+    let mut rows = Vec::new();
+    for entry in store.raw_tree(TreeId::Spans).scan_prefix(&prefix) {
+        let (key, value) = entry.unwrap();
+        rows.push(record::decode_span_with_terms(&key, &value).unwrap());
+    }
+    for entry in store.raw_tree(TreeId::Archive).scan_prefix(&prefix) {
+        let (key, value) = entry.unwrap();
+        let terms = record::stored_terms(TreeId::Archive, &key, &value)
+            .unwrap()
+            .1;
+        rows.push((
+            record::decode_archived(&key, &value).unwrap().0,
+            Some(terms),
+        ));
+    }
+    rows
+}
+
+#[tokio::test]
+async fn a_format_one_store_moves_its_term_vectors_into_the_spans_rows() {
+    for with_term_rows in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (spans, answers) = {
+            let store = populated(dir.path()).await;
+            let spans = ["hurt", "fine"].map(|id| span_rows(&store, id));
+            let answers = ["hurt", "fine"].map(|id| search_ids(&store, id, "span").unwrap());
+            as_format_one(&store, with_term_rows);
+            for entry in store.raw_tree(TreeId::Spans).iter() {
+                let (key, value) = entry.unwrap();
+                let (_, terms) = record::decode_span_with_terms(&key, &value).unwrap();
+                assert!(terms.is_none());
+            }
+            store.close().unwrap();
+            (spans, answers)
+        };
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        // The same spans, each row with its term vector again; the same
+        // answers; the old tree gone and the new format recorded.
+        assert_eq!(["hurt", "fine"].map(|id| span_rows(&store, id)), spans);
+        assert_eq!(
+            ["hurt", "fine"].map(|id| search_ids(&store, id, "span").unwrap()),
+            answers
+        );
+        assert_eq!(answers[0], [3, 2, 1]);
+        assert!(
+            !store
+                .raw_db()
+                .tree_names()
+                .iter()
+                .any(|n| n.as_ref() == b"terms")
+        );
+        let format = store
+            .raw_tree(TreeId::Meta)
+            .get(keys::META_FORMAT)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record::decode_format_version(&format).unwrap(), 2);
+        store.close().unwrap();
+        drop(store);
+        // Opened again, there is nothing left to move.
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        assert_eq!(["hurt", "fine"].map(|id| span_rows(&store, id)), spans);
+    }
 }
 
 #[tokio::test]
@@ -755,7 +845,6 @@ fn admission_rows(store: &Store) -> Vec<(TreeId, Vec<u8>, Vec<u8>)> {
         TreeId::Spans,
         TreeId::Pins,
         TreeId::Keys,
-        TreeId::Terms,
         TreeId::Archive,
     ] {
         for entry in store.raw_tree(tree).iter() {
@@ -778,7 +867,7 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
         )
     };
     // What survives of the append: every new row but the record, or
-    // only the first row the writer puts (the first span's term row).
+    // only the first row the writer puts (the first span).
     for only_first in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
@@ -801,7 +890,7 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
         let before = admission_rows(&store);
         store.write(turn()).await.unwrap();
         let after = admission_rows(&store);
-        assert!(after.len() >= before.len() + 7, "{}", after.len());
+        assert!(after.len() >= before.len() + 5, "{}", after.len());
         // Back to the record before the append, with the new rows left.
         let session = keys::session_key("t");
         let old_record = before
@@ -817,7 +906,7 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
             let first = keys::session_number_key("t", 2);
             for (tree, key, _) in &after {
                 let new = !before.iter().any(|(t, k, _)| t == tree && k == key);
-                if new && !(*tree == TreeId::Terms && *key == first) {
+                if new && !(*tree == TreeId::Spans && *key == first) {
                     store.raw_tree(*tree).remove(key).unwrap();
                 }
             }
@@ -1021,6 +1110,12 @@ async fn rows_encoded_before_the_writer_equal_the_writers_own() {
         store.close().unwrap();
     }
     assert_eq!(rows[0].len(), rows[1].len());
-    assert!(rows[0].iter().any(|(tree, _, _)| *tree == TreeId::Terms));
+    // Every span's row carries its term vector, whoever encoded it.
+    for (tree, key, value) in &rows[0] {
+        if *tree == TreeId::Spans {
+            let (_, terms) = record::decode_span_with_terms(key, value).unwrap();
+            assert!(terms.is_some(), "{}", keys::render(*tree, key));
+        }
+    }
     assert_eq!(rows[0], rows[1]);
 }

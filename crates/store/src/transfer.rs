@@ -78,7 +78,7 @@ fn tree_code(tree: TreeId) -> Option<u32> {
         TreeId::Spans => Some(2),
         TreeId::Archive => Some(3),
         TreeId::Keys => Some(4),
-        TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => None,
+        TreeId::Pins | TreeId::Markers | TreeId::Meta => None,
     }
 }
 
@@ -316,7 +316,7 @@ impl SessionImport {
                     let span = record::decode_key(&entry.key, &entry.value).map_err(damaged)?;
                     keyed.push((keys::render(tree, &entry.key), span));
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => {
+                TreeId::Pins | TreeId::Markers | TreeId::Meta => {
                     return Err(bad_body(format!(
                         "{what}: not a keyspace a snapshot carries"
                     )));
@@ -447,7 +447,7 @@ impl Store {
                     record::decode_key(key, value)?;
                     idempotency_keys += 1;
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta | TreeId::Terms => {}
+                TreeId::Pins | TreeId::Markers | TreeId::Meta => {}
             }
         }
         let Some(exported) = exported else {
@@ -531,20 +531,16 @@ pub(crate) fn stage_import(
             });
         }
     }
-    // The search index is not carried: it is built here, from the spans
-    // as the snapshot holds them, archived ones first.
-    let mut indexed = Vec::with_capacity(import.live.len());
-    for (tree, key, value) in &import.records {
-        if *tree == TreeId::Archive {
-            let (span, _) = record::decode_archived(key, value)?;
-            indexed.push(span);
-        }
-    }
+    // A span's row carries its term vector for search; one exported from
+    // a store that kept them apart gets it here, derived from the text.
     for (tree, key, value) in import.records {
+        let value = match tree {
+            TreeId::Spans | TreeId::Archive => {
+                record::with_terms(tree, &key, &value, |_| None)?.unwrap_or(value)
+            }
+            _ => value,
+        };
         stage.put(tree, key, value);
-    }
-    for span in indexed.iter().chain(&import.live) {
-        crate::writer::index_span(stage, &id, span);
     }
     for span in &import.live {
         if span.classification.class == SpanClass::Constraint {

@@ -290,3 +290,42 @@ async fn a_session_too_large_to_cache_is_searched_the_same() {
         .unwrap();
     assert_eq!(ids(&cached, "t", &query("words")), [2, 1]);
 }
+
+/// A session's postings, once read, follow what the writer does next: a
+/// span admitted and evicted before any search saw it, a summary at the
+/// position of what it replaced, a span admitted after; and they answer
+/// as postings read from scratch (after reopening) do.
+#[tokio::test]
+async fn postings_read_before_a_compaction_follow_it() {
+    let dir = tempdir();
+    let queries = ["writer", "summary", "epsilon", "alpha", "delta"];
+    let answers = {
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let mut s = Session::new("s");
+        store.write(s.create()).await.unwrap();
+        let first = ["alpha writer", "beta writer", "gamma"];
+        let spans = (first.iter().enumerate())
+            .map(|(i, t)| span(i as u64 + 1, t))
+            .collect();
+        store.write(s.admit(spans)).await.unwrap();
+        assert_eq!(ids(&store, "s", &query("writer")).len(), 2);
+        store
+            .write(s.admit(vec![span(4, "delta writer")]))
+            .await
+            .unwrap();
+        let (op, summary) =
+            s.admit_compacting(vec![1, 4], 1, vec![], vec![span(0, "epsilon writer")]);
+        assert_eq!((summary.id, summary.position), (5, 1));
+        store.write(op).await.unwrap();
+        let mut writer = ids(&store, "s", &query("writer"));
+        writer.sort();
+        assert_eq!(writer, [1, 2, 4, 6]);
+        assert_eq!(ids(&store, "s", &query("summary")), [5]);
+        let answers: Vec<_> = queries.map(|q| ids(&store, "s", &query(q))).into();
+        store.close().unwrap();
+        answers
+    };
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let fresh: Vec<_> = queries.map(|q| ids(&store, "s", &query(q))).into();
+    assert_eq!(fresh, answers);
+}

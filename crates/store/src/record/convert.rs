@@ -232,6 +232,7 @@ pub(super) fn span_row(s: &Span) -> SpanRow {
         original: s.original.as_ref().map(|o| same_fields!(&o => OriginalRow [text, tokens])),
         attributes: (s.attributes.as_deref())
             .map(|a| same_fields!(&a => AttributesRow [tool_call_id, tool_name, metadata])),
+        terms: None,
     )
 }
 

@@ -126,28 +126,49 @@ pub(crate) fn decode_session(key: &[u8], value: &[u8]) -> Result<SessionRecord, 
     })
 }
 
-/// Encodes a live span for its key.
-pub(crate) fn encode_span(key: &[u8], span: &Span) -> Vec<u8> {
-    seal(key, &span_row(span))
+/// A span's term vector for search, packed as its row carries it.
+pub(crate) fn span_terms(span: &Span) -> Vec<u8> {
+    codec::encode(&TermVector::of(&span.text))
+}
+
+/// Encodes a live span for its key, with its packed term vector
+/// ([`span_terms`]).
+pub(crate) fn encode_span(key: &[u8], span: &Span, terms: Vec<u8>) -> Vec<u8> {
+    let mut row = span_row(span);
+    row.terms = Some(terms);
+    seal(key, &row)
 }
 
 /// Decodes a live span found at `key` (session ‖ position).
 pub(crate) fn decode_span(key: &[u8], value: &[u8]) -> Result<Span, StoreError> {
-    read(TreeId::Spans, key, value, |row: SpanRow| {
+    decode_span_with_terms(key, value).map(|(span, _)| span)
+}
+
+/// Decodes a live span found at `key` (session ‖ position) with the term
+/// vector its row carries, derived from its text for rows written without
+/// one.
+pub(crate) fn decode_span_with_terms(
+    key: &[u8],
+    value: &[u8],
+) -> Result<(Span, Option<Vec<u8>>), StoreError> {
+    read(TreeId::Spans, key, value, |mut row: SpanRow| {
+        let terms = row.terms.take();
         let span = span_from(row)?;
         match keys::parse_session_number_key(key) {
-            Some((_, position)) if position == span.position => Ok(span),
+            Some((_, position)) if position == span.position => Ok((span, terms)),
             _ => Err(format!("record holds position {}", span.position)),
         }
     })
 }
 
-/// Encodes an archived span for its key.
-pub(crate) fn encode_archived(key: &[u8], span: &Span, by_seq: u64) -> Vec<u8> {
+/// Encodes an archived span for its key, with its packed term vector.
+pub(crate) fn encode_archived(key: &[u8], span: &Span, by_seq: u64, terms: Vec<u8>) -> Vec<u8> {
+    let mut row = span_row(span);
+    row.terms = Some(terms);
     seal(
         key,
         &ArchivedRow {
-            span: Some(span_row(span)),
+            span: Some(row),
             archived_by_seq: by_seq,
         },
     )
@@ -162,6 +183,144 @@ pub(crate) fn decode_archived(key: &[u8], value: &[u8]) -> Result<(Span, u64), S
             Some((_, id)) if id == span.id => Ok((span, row.archived_by_seq)),
             _ => Err(format!("record holds span {}", span.id)),
         }
+    })
+}
+
+/// The id and packed term vector of the span whose row (live, in the
+/// spans tree, or archived) is at `key`, read without decoding its text;
+/// for a row written without a term vector, derived from its text.
+pub(crate) fn stored_terms(
+    tree: TreeId,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(SpanId, Vec<u8>), StoreError> {
+    let view = match tree {
+        TreeId::Archive => read(tree, key, value, |row: ArchivedTermsView| {
+            let view = required(row.span, "span")?;
+            match keys::parse_session_number_key(key) {
+                Some((_, id)) if id == view.id => Ok(view),
+                _ => Err(format!("record holds span {}", view.id)),
+            }
+        })?,
+        _ => read(
+            tree,
+            key,
+            value,
+            |row: SpanTermsView| match keys::parse_session_number_key(key) {
+                Some((_, position)) if position == row.position => Ok(row),
+                _ => Err(format!("record holds position {}", row.position)),
+            },
+        )?,
+    };
+    if let Some(terms) = view.terms {
+        return Ok((view.id, terms));
+    }
+    let span = match tree {
+        TreeId::Archive => decode_archived(key, value)?.0,
+        _ => decode_span(key, value)?,
+    };
+    Ok((span.id, span_terms(&span)))
+}
+
+/// The length of a packed term vector and the frequency of each of
+/// `term_keys` in it, reading no further than the largest; a damaged
+/// vector is reported as its row's.
+pub(crate) fn term_frequencies(
+    tree: TreeId,
+    key: &[u8],
+    packed: &[u8],
+    term_keys: &[u32],
+) -> Result<(u32, Vec<u32>), StoreError> {
+    codec::frequencies(packed, term_keys)
+        .map_err(|e| corrupt(tree, key, format!("term vector: {e}")))
+}
+
+/// Decodes a packed term vector; a damaged one is reported as its row's.
+pub(crate) fn decode_terms(
+    tree: TreeId,
+    key: &[u8],
+    packed: &[u8],
+) -> Result<TermVector, StoreError> {
+    codec::decode(packed).map_err(|e| corrupt(tree, key, format!("term vector: {e}")))
+}
+
+/// The packed term vector of a format-1 term row, or `None` if the row
+/// is damaged: it is derived data, so the migration derives it again from
+/// the span's text instead.
+pub(crate) fn old_term_row(key: &[u8], value: &[u8]) -> Option<Vec<u8>> {
+    open::<TermRow>(key, value).ok().map(|row| row.packed)
+}
+
+/// The value of a live or archived span's row at `key` with a term
+/// vector, if the row was written without one; `None` if it has one.
+/// `terms` supplies it (a format-1 term row), else it is derived from the
+/// text.
+pub(crate) fn with_terms(
+    tree: TreeId,
+    key: &[u8],
+    value: &[u8],
+    terms: impl FnOnce(SpanId) -> Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    Ok(match tree {
+        TreeId::Archive => {
+            let row: ArchivedRow = read(tree, key, value, Ok)?;
+            if row.span.as_ref().is_some_and(|s| s.terms.is_some()) {
+                return Ok(None);
+            }
+            let (span, by_seq) = decode_archived(key, value)?;
+            let packed = terms(span.id).unwrap_or_else(|| span_terms(&span));
+            Some(encode_archived(key, &span, by_seq, packed))
+        }
+        _ => {
+            let (span, stored) = decode_span_with_terms(key, value)?;
+            if stored.is_some() {
+                return Ok(None);
+            }
+            let packed = terms(span.id).unwrap_or_else(|| span_terms(&span));
+            Some(encode_span(key, &span, packed))
+        }
+    })
+}
+
+/// What [`format_one`] makes of a span's row.
+#[cfg(test)]
+pub(crate) struct FormatOne {
+    /// The row without its term vector.
+    pub(crate) row: Vec<u8>,
+    /// The key and value of its term row.
+    pub(crate) term_key: Vec<u8>,
+    pub(crate) term_row: Vec<u8>,
+}
+
+/// A span's row (live or archived) as format 1 stored it, without its
+/// term vector, with the key and value of the term row format 1 kept
+/// beside it: what a store of that format holds, for tests of the
+/// migration.
+#[cfg(test)]
+pub(crate) fn format_one(tree: TreeId, key: &[u8], value: &[u8]) -> Result<FormatOne, StoreError> {
+    let session = keys::session_of(tree, key).unwrap_or_default();
+    let (row, span, terms) = match tree {
+        TreeId::Archive => {
+            let (span, by_seq) = decode_archived(key, value)?;
+            let terms = stored_terms(tree, key, value)?.1;
+            let row = ArchivedRow {
+                span: Some(span_row(&span)),
+                archived_by_seq: by_seq,
+            };
+            (seal(key, &row), span, terms)
+        }
+        _ => {
+            let (span, terms) = decode_span_with_terms(key, value)?;
+            let terms = terms.unwrap_or_else(|| span_terms(&span));
+            (seal(key, &span_row(&span)), span, terms)
+        }
+    };
+    let term_key = keys::session_number_key(&session, span.id);
+    let term_row = seal(&term_key, &TermRow { packed: terms });
+    Ok(FormatOne {
+        row,
+        term_key,
+        term_row,
     })
 }
 
@@ -198,34 +357,6 @@ pub(crate) fn encode_key(key: &[u8], span_id: SpanId) -> Vec<u8> {
 /// Decodes the span id found at `key` (session ‖ idempotency key).
 pub(crate) fn decode_key(key: &[u8], value: &[u8]) -> Result<SpanId, StoreError> {
     read(TreeId::Keys, key, value, |row: KeyRow| Ok(row.span_id))
-}
-
-/// A span's row in the terms tree: its key (session ‖ span id) and its
-/// sealed term vector.
-pub(crate) fn term_row(session: &str, span: &Span) -> (Vec<u8>, Vec<u8>) {
-    let key = keys::session_number_key(session, span.id);
-    let packed = codec::encode(&TermVector::of(&span.text));
-    let value = seal(&key, &TermRow { packed });
-    (key, value)
-}
-
-/// The length of a span's term vector and the frequency of each of
-/// `term_keys` in it, reading no further than the largest.
-pub(crate) fn term_frequencies(
-    key: &[u8],
-    value: &[u8],
-    term_keys: &[u32],
-) -> Result<(u32, Vec<u32>), StoreError> {
-    read(TreeId::Terms, key, value, |row: TermRow| {
-        codec::frequencies(&row.packed, term_keys).map_err(|e| format!("term vector: {e}"))
-    })
-}
-
-/// Decodes a span's term vector.
-pub(crate) fn decode_terms(key: &[u8], value: &[u8]) -> Result<TermVector, StoreError> {
-    read(TreeId::Terms, key, value, |row: TermRow| {
-        codec::decode(&row.packed).map_err(|e| format!("term vector: {e}"))
-    })
 }
 
 /// Encodes a marker for its key.
@@ -652,15 +783,47 @@ mod tests {
         #[test]
         fn spans_round_trip(span in span(), session in session_id()) {
             let key = keys::session_number_key(&session, span.position);
-            let value = encode_span(&key, &span);
-            prop_assert_eq!(decode_span(&key, &value)?, span);
+            let terms = span_terms(&span);
+            let value = encode_span(&key, &span, terms.clone());
+            prop_assert_eq!(decode_span(&key, &value)?, span.clone());
+            prop_assert_eq!(
+                decode_span_with_terms(&key, &value)?,
+                (span.clone(), Some(terms.clone()))
+            );
+            prop_assert_eq!(stored_terms(TreeId::Spans, &key, &value)?, (span.id, terms));
+            prop_assert_eq!(with_terms(TreeId::Spans, &key, &value, |_| None)?, None);
         }
 
         #[test]
         fn archived_spans_round_trip(span in span(), session in session_id(), by_seq in any::<u64>()) {
             let key = keys::session_number_key(&session, span.id);
-            let value = encode_archived(&key, &span, by_seq);
-            prop_assert_eq!(decode_archived(&key, &value)?, (span, by_seq));
+            let terms = span_terms(&span);
+            let value = encode_archived(&key, &span, by_seq, terms.clone());
+            prop_assert_eq!(decode_archived(&key, &value)?, (span.clone(), by_seq));
+            prop_assert_eq!(stored_terms(TreeId::Archive, &key, &value)?, (span.id, terms));
+            prop_assert_eq!(with_terms(TreeId::Archive, &key, &value, |_| None)?, None);
+        }
+
+        /// Rows written before spans carried their term vector read the
+        /// same, with the vector derived from the text; `with_terms`
+        /// gives them the vector it is handed, or the derived one.
+        #[test]
+        fn rows_without_a_term_vector_get_one(span in span(), session in session_id(), by_seq in any::<u64>()) {
+            let terms = span_terms(&span);
+            let live = keys::session_number_key(&session, span.position);
+            let old_live = seal(&live, &span_row(&span));
+            prop_assert_eq!(decode_span_with_terms(&live, &old_live)?, (span.clone(), None));
+            prop_assert_eq!(stored_terms(TreeId::Spans, &live, &old_live)?, (span.id, terms.clone()));
+            let packed = with_terms(TreeId::Spans, &live, &old_live, |_| None)?;
+            prop_assert_eq!(packed, Some(encode_span(&live, &span, terms.clone())));
+            let handed = with_terms(TreeId::Spans, &live, &old_live, |_| Some(vec![7]))?;
+            prop_assert_eq!(handed, Some(encode_span(&live, &span, vec![7])));
+
+            let archived = keys::session_number_key(&session, span.id);
+            let old_archived = seal(&archived, &ArchivedRow { span: Some(span_row(&span)), archived_by_seq: by_seq });
+            prop_assert_eq!(stored_terms(TreeId::Archive, &archived, &old_archived)?, (span.id, terms.clone()));
+            let packed = with_terms(TreeId::Archive, &archived, &old_archived, |_| None)?;
+            prop_assert_eq!(packed, Some(encode_archived(&archived, &span, by_seq, terms)));
         }
 
         #[test]

@@ -180,6 +180,31 @@ pub(crate) struct SpanRow {
     pub(crate) original: Option<OriginalRow>,
     #[prost(message, optional, tag = "14")]
     pub(crate) attributes: Option<AttributesRow>,
+    /// The span's term vector for search, packed (see
+    /// `ctxbroker_core::search::codec`), derived once when the span was
+    /// stored. Absent in rows written before term vectors lived in the
+    /// span's own row, which read as "derive it from the text".
+    #[prost(bytes = "vec", optional, tag = "15")]
+    pub(crate) terms: Option<Vec<u8>>,
+}
+
+/// What search reads of a span's row: its id and term vector. Decoding
+/// it skips the text and everything else without copying them.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SpanTermsView {
+    #[prost(uint64, tag = "1")]
+    pub(crate) id: u64,
+    #[prost(uint64, tag = "2")]
+    pub(crate) position: u64,
+    #[prost(bytes = "vec", optional, tag = "15")]
+    pub(crate) terms: Option<Vec<u8>>,
+}
+
+/// What search reads of an archived span's row (see [`SpanTermsView`]).
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ArchivedTermsView {
+    #[prost(message, optional, tag = "1")]
+    pub(crate) span: Option<SpanTermsView>,
 }
 
 /// What a caller attached to a span. Absent in records written before
@@ -243,7 +268,9 @@ pub(crate) struct KeyRow {
     pub(crate) span_id: u64,
 }
 
-/// A span's term vector, packed (see `ctxbroker_core::search::codec`).
+/// A span's term vector, packed (see `ctxbroker_core::search::codec`), as
+/// stores of format 1 kept it in a tree of its own; read only to migrate
+/// them.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct TermRow {
     #[prost(bytes = "vec", tag = "1")]

@@ -400,7 +400,7 @@ async fn damaged_altered_or_inconsistent_snapshots_are_refused_by_part() {
                 let mut archived = crate::record::decode_span(&span5, &records[i].value).unwrap();
                 archived.id = 1;
                 let key = keys::session_number_key("moved", 1);
-                let value = crate::record::encode_archived(&key, &archived, 1);
+                let value = crate::record::encode_archived(&key, &archived, 1, Vec::new());
                 records.push(BodyRecord {
                     tree: 3,
                     key,
@@ -487,7 +487,7 @@ fn ids_outside_the_given_range_are_named() {
                 },
                 BodyRecord {
                     tree: 2,
-                    value: crate::record::encode_span(&span_key, &s),
+                    value: crate::record::encode_span(&span_key, &s, crate::record::span_terms(&s)),
                     key: span_key,
                 },
             ],

@@ -60,7 +60,6 @@ pub(crate) struct Trees {
     pub(crate) markers: sled::Tree,
     pub(crate) meta: sled::Tree,
     pub(crate) keys: sled::Tree,
-    pub(crate) terms: sled::Tree,
 }
 
 impl Trees {
@@ -74,7 +73,6 @@ impl Trees {
             markers: tree(TreeId::Markers)?,
             meta: tree(TreeId::Meta)?,
             keys: tree(TreeId::Keys)?,
-            terms: tree(TreeId::Terms)?,
             db,
         })
     }
@@ -88,7 +86,6 @@ impl Trees {
             TreeId::Markers => &self.markers,
             TreeId::Meta => &self.meta,
             TreeId::Keys => &self.keys,
-            TreeId::Terms => &self.terms,
         }
     }
 }
@@ -457,8 +454,9 @@ type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 type Put<'a> = (TreeId, &'a [u8], &'a [u8]);
 
 /// The session a write only appends spans to (a turn admitted without a
-/// compaction: new spans, their term rows, pins and idempotency keys,
-/// and the session's record), or `None` for any other write.
+/// compaction: new spans, each at the position of its id, their pins and
+/// idempotency keys, and the session's record), or `None` for any other
+/// write.
 fn append_only_session(op: &Op) -> Option<String> {
     match op {
         Op::Write(WriteOp::Change { change, .. })
@@ -466,7 +464,8 @@ fn append_only_session(op: &Op) -> Option<String> {
                 && change.evict.is_empty()
                 && change.summary.is_none()
                 && change.replace.is_empty()
-                && !change.append.is_empty() =>
+                && !change.append.is_empty()
+                && change.append.iter().all(|span| span.position == span.id) =>
         {
             Some(change.record.id.clone())
         }
@@ -478,17 +477,17 @@ fn append_only_session(op: &Op) -> Option<String> {
 /// applied without a transaction, or `None` when the batch holds anything
 /// else (then it needs one).
 ///
-/// Appending writes only keys that did not exist (term rows, spans, pins
-/// and idempotency keys of span ids from the session's `next_span_id` on)
-/// and then replaces the session's record, which moves `next_span_id`
-/// past them. The engine recovers a prefix of its log after a crash, so
-/// applying every term row first, then the other new keys, then the
-/// records, then the commit epoch, leaves a session of a torn batch in
-/// one of two states: its record written, so the whole append is there;
-/// or not, so what survived of the append lies at span ids from its
-/// record's `next_span_id` on, starting with a term row at that id. That
-/// term row is how [`repair_torn_appends`] finds such a session when the
-/// store opens, and removes the rest.
+/// Appending writes only keys that did not exist (spans, pins and
+/// idempotency keys of span ids from the session's `next_span_id` on; an
+/// appended span's position is its id) and then replaces the session's
+/// record, which moves `next_span_id` past them. The engine recovers a
+/// prefix of its log after a crash, so applying every span first, then
+/// the other new keys, then the records, then the commit epoch, leaves a
+/// session of a torn batch in one of two states: its record written, so
+/// the whole append is there; or not, so what survived of the append lies
+/// at span ids from its record's `next_span_id` on, starting with a span
+/// at that position. That span is how [`repair_torn_appends`] finds such
+/// a session when the store opens, and removes the rest.
 ///
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
@@ -496,8 +495,7 @@ fn in_order(writes: &Writes) -> Option<Vec<Put<'_>>> {
     if writes.len() > IN_ORDER_MAX_WRITES {
         return None;
     }
-    const ORDER: [TreeId; 6] = [
-        TreeId::Terms,
+    const ORDER: [TreeId; 5] = [
         TreeId::Spans,
         TreeId::Pins,
         TreeId::Keys,
@@ -533,11 +531,13 @@ fn put_in_order(trees: &Trees, order: &[Put<'_>]) -> Result<(), StoreError> {
 }
 
 /// Removes what survived of appends a crash tore (see [`in_order`]): for
-/// each session, the term rows, spans, pins and idempotency keys of span
-/// ids its record has not reached. A session's torn append starts with a
-/// term row at its record's `next_span_id`, so one look-up per session
-/// finds it; the term rows go last, so a repair cut short is found again.
-/// Returns how many sessions it repaired.
+/// each session, the spans, pins and idempotency keys of span ids its
+/// record has not reached. A session's torn append starts with a span at
+/// its record's `next_span_id`, so one look-up per session finds it; the
+/// spans go last, so a repair cut short is found again. (A format-1 store
+/// wrote each span's term row before it: term rows a crash left without
+/// their span go with that format's terms tree when the store is
+/// converted, see `migrate`.) Returns how many sessions it repaired.
 pub(crate) fn repair_torn_appends(trees: &Trees) -> Result<u64, StoreError> {
     let mut repaired = 0;
     for entry in trees.sessions.iter() {
@@ -552,30 +552,18 @@ pub(crate) fn repair_torn_appends(trees: &Trees) -> Result<u64, StoreError> {
         }
         let next = record.next_span_id;
         let torn = keys::session_numbers_from(session, next);
-        if trees
-            .terms
-            .range(torn.clone())
-            .next()
-            .transpose()
-            .map_err(StoreError::engine)?
-            .is_none()
-        {
+        let first = trees.spans.range(torn.clone()).next().transpose();
+        if first.map_err(StoreError::engine)?.is_none() {
             continue;
         }
         let prefix = keys::session_prefix(session);
-        for entry in trees.spans.scan_prefix(&prefix) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            if record::decode_span(&key, &value).is_ok_and(|span| span.id >= next) {
-                trees.spans.remove(&key).map_err(StoreError::engine)?;
-            }
-        }
         for entry in trees.keys.scan_prefix(&prefix) {
             let (key, value) = entry.map_err(StoreError::engine)?;
             if record::decode_key(&key, &value).is_ok_and(|id| id >= next) {
                 trees.keys.remove(&key).map_err(StoreError::engine)?;
             }
         }
-        for tree in [&trees.pins, &trees.terms] {
+        for tree in [&trees.pins, &trees.spans] {
             for entry in tree.range(torn.clone()).keys() {
                 let key = entry.map_err(StoreError::engine)?;
                 tree.remove(&key).map_err(StoreError::engine)?;
@@ -608,33 +596,29 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
         &trees.markers,
         &trees.meta,
         &trees.keys,
-        &trees.terms,
     )
-        .transaction(
-            |(sessions, spans, pins, archive, markers, meta, keys, terms)| {
-                for ((tree, key), value) in writes {
-                    let tree = match tree {
-                        TreeId::Sessions => sessions,
-                        TreeId::Spans => spans,
-                        TreeId::Pins => pins,
-                        TreeId::Archive => archive,
-                        TreeId::Markers => markers,
-                        TreeId::Meta => meta,
-                        TreeId::Keys => keys,
-                        TreeId::Terms => terms,
-                    };
-                    match value {
-                        Some(value) => {
-                            tree.insert(key.as_slice(), value.as_slice())?;
-                        }
-                        None => {
-                            tree.remove(key.as_slice())?;
-                        }
+        .transaction(|(sessions, spans, pins, archive, markers, meta, keys)| {
+            for ((tree, key), value) in writes {
+                let tree = match tree {
+                    TreeId::Sessions => sessions,
+                    TreeId::Spans => spans,
+                    TreeId::Pins => pins,
+                    TreeId::Archive => archive,
+                    TreeId::Markers => markers,
+                    TreeId::Meta => meta,
+                    TreeId::Keys => keys,
+                };
+                match value {
+                    Some(value) => {
+                        tree.insert(key.as_slice(), value.as_slice())?;
+                    }
+                    None => {
+                        tree.remove(key.as_slice())?;
                     }
                 }
-                Ok::<(), ConflictableTransactionError<()>>(())
-            },
-        );
+            }
+            Ok::<(), ConflictableTransactionError<()>>(())
+        });
     result.map_err(|err| match err {
         TransactionError::Abort(()) => StoreError::Engine("transaction aborted".into()),
         TransactionError::Storage(err) => StoreError::engine(err),

@@ -32,7 +32,7 @@ pub(crate) struct Stage<'a> {
 /// encoding a row and deriving a span's term vector are the writer's
 /// largest work per span, and the writer is one thread for every session,
 /// while the tasks that queue writes run side by side. Each entry holds
-/// the span row's value and the term row, made by the functions the
+/// the span row's value, term vector included, made by the functions the
 /// writer uses; a span not found here is encoded by the writer.
 #[derive(Debug, Default)]
 pub(crate) struct Encoded {
@@ -44,8 +44,6 @@ struct EncodedSpan {
     id: SpanId,
     position: u64,
     span: Vec<u8>,
-    /// The term row's key and value.
-    terms: (Vec<u8>, Vec<u8>),
 }
 
 /// The spans a write stores anew: a change's summary and appended spans.
@@ -75,8 +73,7 @@ impl Encoded {
                 EncodedSpan {
                     id: span.id,
                     position: span.position,
-                    span: record::encode_span(&key, span),
-                    terms: record::term_row(session, span),
+                    span: record::encode_span(&key, span, record::span_terms(span)),
                 }
             })
             .collect();
@@ -198,7 +195,8 @@ impl<'a> Stage<'a> {
 pub(crate) struct Effects {
     pub(super) markers: Vec<Marker>,
     pub(crate) sessions: i64,
-    /// Sessions deleted or created whole: their cached postings go.
+    /// Sessions deleted or created whole, or given a summary: their
+    /// cached postings go.
     pub(crate) reset: Vec<String>,
 }
 
@@ -282,9 +280,9 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
             ),
         ));
     }
-    let (value, terms) = match stage.encoded.take(span) {
-        Some(row) => (row.span, Some(row.terms)),
-        None => (record::encode_span(&key, span), None),
+    let value = match stage.encoded.take(span) {
+        Some(row) => row.span,
+        None => record::encode_span(&key, span, record::span_terms(span)),
     };
     stage.put(TreeId::Spans, key, value);
     if span.classification.class == SpanClass::Constraint {
@@ -292,19 +290,15 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
         let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
         stage.put(TreeId::Pins, key, value);
     }
-    match terms {
-        Some((key, value)) => stage.put(TreeId::Terms, key, value),
-        None => index_span(stage, session, span),
-    }
     Ok(())
 }
 
-/// Indexes a newly stored span for search, in the same batch as the
-/// span itself: one row, its term vector. A span is indexed once, as it
-/// was stored: eviction moves it to the archive without touching its row.
-pub(crate) fn index_span(stage: &mut Stage<'_>, session: &str, span: &Span) {
-    let (key, value) = record::term_row(session, span);
-    stage.put(TreeId::Terms, key, value);
+/// A live span as [`find_live`] finds it: its key, the span, and the term
+/// vector its row carries.
+struct Live {
+    key: Vec<u8>,
+    span: Span,
+    terms: Option<Vec<u8>>,
 }
 
 /// Finds a live span by id: spans are keyed by position, which equals the
@@ -315,12 +309,16 @@ fn find_live(
     session: &str,
     id: SpanId,
     index: &mut Option<HashMap<SpanId, Vec<u8>>>,
-) -> Result<Option<(Vec<u8>, Span)>, StoreError> {
+) -> Result<Option<Live>, StoreError> {
     let direct = keys::session_number_key(session, id);
     if let Some(value) = stage.get(TreeId::Spans, &direct)? {
-        let span = record::decode_span(&direct, &value)?;
+        let (span, terms) = record::decode_span_with_terms(&direct, &value)?;
         if span.id == id {
-            return Ok(Some((direct, span)));
+            return Ok(Some(Live {
+                key: direct,
+                span,
+                terms,
+            }));
         }
     }
     if index.is_none() {
@@ -336,9 +334,13 @@ fn find_live(
     };
     // The index predates this write's own changes: read the key again.
     if let Some(value) = stage.get(TreeId::Spans, key)? {
-        let span = record::decode_span(key, &value)?;
+        let (span, terms) = record::decode_span_with_terms(key, &value)?;
         if span.id == id {
-            return Ok(Some((key.clone(), span)));
+            return Ok(Some(Live {
+                key: key.clone(),
+                span,
+                terms,
+            }));
         }
     }
     Ok(None)
@@ -468,7 +470,7 @@ pub(super) fn apply(
 }
 
 /// Deletes everything a session owns but its record (live spans, pins,
-/// archive, keys, term rows); returns the spans deleted, live and
+/// archive, keys); returns the spans deleted, live and
 /// archived.
 fn delete_contents(stage: &mut Stage<'_>, session: &str) -> Result<u64, StoreError> {
     let prefix = keys::session_prefix(session);
@@ -485,7 +487,7 @@ fn delete_contents(stage: &mut Stage<'_>, session: &str) -> Result<u64, StoreErr
 }
 
 /// Takes back live spans: each must stand at its position; its span,
-/// pin, term row and idempotency keys are removed, then the record is
+/// pin and idempotency keys are removed, then the record is
 /// written.
 fn retract(
     stage: &mut Stage<'_>,
@@ -518,9 +520,8 @@ fn retract(
         stage.del(TreeId::Spans, key);
         let by_id = keys::session_number_key(session, span.id);
         if stage.get(TreeId::Pins, &by_id)?.is_some() {
-            stage.del(TreeId::Pins, by_id.clone());
+            stage.del(TreeId::Pins, by_id);
         }
-        stage.del(TreeId::Terms, by_id);
         ids.insert(span.id);
     }
     // Keys name span ids; a session's keys are few next to its spans, and
@@ -597,12 +598,14 @@ fn write_change(
 
     let mut index = None;
     for id in evict {
-        let Some((key, span)) = find_live(stage, session, id, &mut index)? else {
+        let Some(Live { key, span, terms }) = find_live(stage, session, id, &mut index)? else {
             return Err(invalid(session, format!("span {id} to evict is not live")));
         };
         stage.del(TreeId::Spans, key);
         let archive_key = keys::session_number_key(session, id);
-        let value = record::encode_archived(&archive_key, &span, seq);
+        // The term vector moves with the span, as it was first stored.
+        let terms = terms.unwrap_or_else(|| record::span_terms(&span));
+        let value = record::encode_archived(&archive_key, &span, seq, terms);
         stage.put(TreeId::Archive, archive_key.clone(), value);
         if stage.get(TreeId::Pins, &archive_key)?.is_some() {
             stage.del(TreeId::Pins, archive_key);
@@ -610,9 +613,13 @@ fn write_change(
     }
     for span in &replace {
         let key = keys::session_number_key(session, span.position);
-        let holder = match stage.get(TreeId::Spans, &key)? {
-            Some(value) => Some(record::decode_span(&key, &value)?.id),
-            None => None,
+        let (holder, terms) = match stage.get(TreeId::Spans, &key)? {
+            Some(value) => {
+                let (held, terms) = record::decode_span_with_terms(&key, &value)?;
+                let terms = terms.unwrap_or_else(|| record::span_terms(&held));
+                (Some(held.id), terms)
+            }
+            None => (None, Vec::new()),
         };
         if holder != Some(span.id) {
             let holder = holder.map_or("no live span".into(), |id| format!("span {id}"));
@@ -624,13 +631,20 @@ fn write_change(
                 ),
             ));
         }
-        let value = record::encode_span(&key, span);
+        // A span is indexed once, as it was stored: a rewrite keeps the
+        // term vector of the text it replaces.
+        let value = record::encode_span(&key, span, terms);
         stage.put(TreeId::Spans, key, value);
         sync_pin(stage, session, span)?;
     }
     for span in summary.iter().chain(&append) {
         check_new_id(session, span.id, &stored, &record)?;
         insert_span(stage, session, span)?;
+    }
+    if summary.is_some() {
+        // A summary stands at the position of what it replaces, below the
+        // ids search has read: the session's postings are read anew.
+        effects.reset.push(session.to_owned());
     }
     for (key, span_id) in &idempotency {
         if !append.iter().any(|s| s.id == *span_id) {

@@ -1,0 +1,112 @@
+//! Bringing a store written by an earlier build to this build's format.
+//!
+//! Format 1 kept each span's term vector for search in a tree of its own,
+//! `terms`, keyed by session ‖ span id: a second engine key for every span
+//! stored. Format 2 keeps the vector in the span's own row, live or
+//! archived. Opening a format-1 store moves every vector into its span's
+//! row, drops the old tree and only then records format 2, so a migration
+//! cut short by a crash runs again from the start at the next open: rows
+//! already carrying a vector are left as they are.
+
+use std::collections::HashMap;
+
+use ctxbroker_core::SpanId;
+
+use crate::error::StoreError;
+use crate::keys::{self, TreeId};
+use crate::record;
+use crate::writer::Trees;
+
+/// The format this build writes: term vectors in the spans' rows.
+pub(crate) const STORE_FORMAT: u32 = 2;
+
+/// The format that kept term vectors in [`OLD_TERMS_TREE`].
+pub(crate) const SEPARATE_TERMS_FORMAT: u32 = 1;
+
+/// Format 1's tree of term vectors.
+pub(crate) const OLD_TERMS_TREE: &str = "terms";
+
+/// Rows rewritten per engine batch.
+const BATCH_ROWS: usize = 1024;
+
+/// Moves every term vector of [`OLD_TERMS_TREE`] into its span's row (deriving
+/// it from the text where the old row is missing or damaged: it was
+/// derived data), drops the old tree and records [`STORE_FORMAT`].
+/// Returns how many rows it rewrote. A damaged span row is left as it is,
+/// to be reported where it is read, as before.
+pub(crate) fn pack_term_vectors(trees: &Trees) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let old_terms = trees
+        .db
+        .open_tree(OLD_TERMS_TREE)
+        .map_err(StoreError::engine)?;
+    let mut rewritten = 0u64;
+    let mut sessions = 0u64;
+    for entry in trees.sessions.iter().keys() {
+        let key = entry.map_err(StoreError::engine)?;
+        let Ok(session) = std::str::from_utf8(&key) else {
+            continue;
+        };
+        if keys::check_session_id(session).is_err() {
+            continue;
+        }
+        let prefix = keys::session_prefix(session);
+        let mut vectors: HashMap<SpanId, Vec<u8>> = HashMap::new();
+        for entry in old_terms.scan_prefix(&prefix) {
+            let (key, value) = entry.map_err(StoreError::engine)?;
+            let id = keys::parse_session_number_key(&key).map(|(_, id)| id);
+            if let (Some(id), Some(packed)) = (id, record::old_term_row(&key, &value)) {
+                vectors.insert(id, packed);
+            }
+        }
+        for (tree, rows) in [
+            (TreeId::Archive, &trees.archive),
+            (TreeId::Spans, &trees.spans),
+        ] {
+            let mut batch = sled::Batch::default();
+            let mut held = 0;
+            for entry in rows.scan_prefix(&prefix) {
+                let (key, value) = entry.map_err(StoreError::engine)?;
+                match record::with_terms(tree, &key, &value, |id| vectors.remove(&id)) {
+                    Ok(Some(packed)) => {
+                        batch.insert(key.to_vec(), packed);
+                        held += 1;
+                    }
+                    Ok(None) => {}
+                    Err(err) => {
+                        tracing::warn!(%err, "left a damaged row as it is while migrating");
+                    }
+                }
+                if held == BATCH_ROWS {
+                    rows.apply_batch(std::mem::take(&mut batch))
+                        .map_err(StoreError::engine)?;
+                    rewritten += held as u64;
+                    held = 0;
+                }
+            }
+            rows.apply_batch(batch).map_err(StoreError::engine)?;
+            rewritten += held as u64;
+        }
+        sessions += 1;
+    }
+    trees.db.flush().map_err(StoreError::engine)?;
+    trees
+        .db
+        .drop_tree(OLD_TERMS_TREE)
+        .map_err(StoreError::engine)?;
+    trees
+        .meta
+        .insert(
+            keys::META_FORMAT,
+            &record::encode_format_version(STORE_FORMAT)[..],
+        )
+        .map_err(StoreError::engine)?;
+    trees.db.flush().map_err(StoreError::engine)?;
+    tracing::info!(
+        sessions,
+        rows = rewritten,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "moved the term vectors of a format {SEPARATE_TERMS_FORMAT} store into its spans' rows (format {STORE_FORMAT})"
+    );
+    Ok(rewritten)
+}
