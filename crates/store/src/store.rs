@@ -118,7 +118,7 @@ impl Store {
         crate::writer::repair_torn_appends(&trees)?;
         epoch_file.record(epoch)?;
         if format < migrate::STORE_FORMAT {
-            migrate::pack_term_vectors(&trees)?;
+            migrate::pack_term_vectors(&trees, dir)?;
         }
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
