@@ -14,7 +14,7 @@ use std::path::Path;
 use ctxbroker_core::SpanId;
 
 use crate::error::StoreError;
-use crate::keys::{self, TreeId};
+use crate::keys;
 use crate::record;
 use crate::writer::Trees;
 
@@ -66,10 +66,7 @@ pub(crate) fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreE
                 vectors.insert(id, packed);
             }
         }
-        for (tree, rows) in [
-            (TreeId::Archive, &trees.archive),
-            (TreeId::Spans, &trees.spans),
-        ] {
+        for (tree, rows) in trees.span_rows() {
             let mut batch = sled::Batch::default();
             let mut held = 0;
             for entry in rows.scan_prefix(&prefix) {

@@ -14,7 +14,7 @@ use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing};
 use ctxbroker_core::{Span, SpanId};
 
 use crate::error::StoreError;
-use crate::keys::{self, TreeId};
+use crate::keys;
 use crate::model::{SpanState, StoredSpan};
 use crate::record;
 use crate::store::{Store, count_walk, get_counted};
@@ -309,10 +309,7 @@ impl SessionIndex {
         budget: usize,
     ) -> Result<bool, StoreError> {
         let from = self.through.map_or(0, |t| t.saturating_add(1));
-        for (tree, rows) in [
-            (TreeId::Archive, &trees.archive),
-            (TreeId::Spans, &trees.spans),
-        ] {
+        for (tree, rows) in trees.span_rows() {
             for entry in rows.range(keys::session_numbers_from(session, from)) {
                 let (key, value) = entry.map_err(StoreError::engine)?;
                 let (span_id, packed) = record::stored_terms(tree, &key, &value)?;
@@ -474,10 +471,7 @@ fn read_postings(
     let mut postings: Vec<Vec<Posting>> = vec![Vec::new(); term_keys.len()];
     let mut totals = CorpusStats::default();
     let prefix = keys::session_prefix(session);
-    for (tree, rows) in [
-        (TreeId::Archive, &trees.archive),
-        (TreeId::Spans, &trees.spans),
-    ] {
+    for (tree, rows) in trees.span_rows() {
         for entry in rows.scan_prefix(&prefix) {
             let (key, value) = entry.map_err(StoreError::engine)?;
             let (span_id, packed) = record::stored_terms(tree, &key, &value)?;

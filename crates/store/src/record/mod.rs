@@ -178,12 +178,18 @@ pub(crate) fn encode_archived(key: &[u8], span: &Span, by_seq: u64, terms: Vec<u
 /// seq of the marker that evicted it.
 pub(crate) fn decode_archived(key: &[u8], value: &[u8]) -> Result<(Span, u64), StoreError> {
     read(TreeId::Archive, key, value, |row: ArchivedRow| {
-        let span = span_from(required(row.span, "span")?)?;
-        match keys::parse_session_number_key(key) {
-            Some((_, id)) if id == span.id => Ok((span, row.archived_by_seq)),
-            _ => Err(format!("record holds span {}", span.id)),
-        }
+        archived_from(key, row)
     })
+}
+
+/// An archived row's span and the seq that evicted it, checked against
+/// the key it was found at.
+fn archived_from(key: &[u8], row: ArchivedRow) -> Result<(Span, u64), String> {
+    let span = span_from(required(row.span, "span")?)?;
+    match keys::parse_session_number_key(key) {
+        Some((_, id)) if id == span.id => Ok((span, row.archived_by_seq)),
+        _ => Err(format!("record holds span {}", span.id)),
+    }
 }
 
 /// The id and packed term vector of the span whose row (live, in the
@@ -263,11 +269,13 @@ pub(crate) fn with_terms(
 ) -> Result<Option<Vec<u8>>, StoreError> {
     Ok(match tree {
         TreeId::Archive => {
-            let row: ArchivedRow = read(tree, key, value, Ok)?;
-            if row.span.as_ref().is_some_and(|s| s.terms.is_some()) {
+            let ((span, by_seq), has_terms) = read(tree, key, value, |row: ArchivedRow| {
+                let has_terms = row.span.as_ref().is_some_and(|s| s.terms.is_some());
+                Ok((archived_from(key, row)?, has_terms))
+            })?;
+            if has_terms {
                 return Ok(None);
             }
-            let (span, by_seq) = decode_archived(key, value)?;
             let packed = terms(span.id).unwrap_or_else(|| span_terms(&span));
             Some(encode_archived(key, &span, by_seq, packed))
         }

@@ -77,6 +77,15 @@ impl Trees {
         })
     }
 
+    /// The trees a span's row stands in, each with its id: archived spans
+    /// (by id), then live ones (by position). Search reads both.
+    pub(crate) fn span_rows(&self) -> [(TreeId, &sled::Tree); 2] {
+        [
+            (TreeId::Archive, &self.archive),
+            (TreeId::Spans, &self.spans),
+        ]
+    }
+
     pub(crate) fn tree(&self, id: TreeId) -> &sled::Tree {
         match id {
             TreeId::Sessions => &self.sessions,
