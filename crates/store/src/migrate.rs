@@ -1,4 +1,5 @@
-//! Bringing a store written by an earlier build to this build's format.
+//! Bringing a store written by an earlier build to this build's format,
+//! one format at a time, each step recording the format it reaches.
 //!
 //! Format 1 kept each span's term vector for search in a tree of its own,
 //! `terms`, keyed by session ‖ span id: a second engine key for every span
@@ -7,6 +8,13 @@
 //! row, drops the old tree and only then records format 2, so a migration
 //! cut short by a crash runs again from the start at the next open: rows
 //! already carrying a vector are left as they are.
+//!
+//! Format 3 lets a batch of appends carry its commit epoch in the last
+//! session record it writes instead of a key of its own in the meta tree.
+//! A format-2 store needs nothing moved (its epoch is in the meta tree,
+//! which format 3 still reads); recording format 3 keeps builds that read
+//! the epoch only from the meta tree from taking the store for one that
+//! lost writes.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -18,11 +26,42 @@ use crate::keys;
 use crate::record;
 use crate::writer::Trees;
 
-/// The format this build writes: term vectors in the spans' rows.
-pub(crate) const STORE_FORMAT: u32 = 2;
+/// The format this build writes: term vectors in the spans' rows, commit
+/// epochs in the meta tree or in session records.
+pub(crate) const STORE_FORMAT: u32 = 3;
 
 /// The format that kept term vectors in [`OLD_TERMS_TREE`].
 pub(crate) const SEPARATE_TERMS_FORMAT: u32 = 1;
+
+/// The format that kept term vectors in the spans' rows and every commit
+/// epoch in the meta tree.
+pub(crate) const META_EPOCH_FORMAT: u32 = 2;
+
+/// Brings a store of format `from` (checked: not newer than
+/// [`STORE_FORMAT`]) to this build's format.
+pub(crate) fn upgrade(trees: &Trees, dir: &Path, from: u32) -> Result<(), StoreError> {
+    if from == SEPARATE_TERMS_FORMAT {
+        pack_term_vectors(trees, dir)?;
+    }
+    if from <= META_EPOCH_FORMAT {
+        record_format(trees, STORE_FORMAT)?;
+        tracing::info!("recorded store format {STORE_FORMAT} (was {from})");
+    }
+    Ok(())
+}
+
+/// Records `format` in the meta tree, flushed.
+fn record_format(trees: &Trees, format: u32) -> Result<(), StoreError> {
+    trees
+        .meta
+        .insert(
+            keys::META_FORMAT,
+            &record::encode_format_version(format)[..],
+        )
+        .map_err(StoreError::engine)?;
+    trees.db.flush().map_err(StoreError::engine)?;
+    Ok(())
+}
 
 /// Format 1's tree of term vectors.
 pub(crate) const OLD_TERMS_TREE: &str = "terms";
@@ -32,10 +71,10 @@ const BATCH_ROWS: usize = 1024;
 
 /// Moves every term vector of [`OLD_TERMS_TREE`] into its span's row (deriving
 /// it from the text where the old row is missing or damaged: it was
-/// derived data), drops the old tree and records [`STORE_FORMAT`].
+/// derived data), drops the old tree and records [`META_EPOCH_FORMAT`].
 /// Returns how many rows it rewrote. A damaged span row is left as it is,
 /// to be reported where it is read, as before.
-pub(crate) fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreError> {
+fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreError> {
     let io = |what: &str, err: std::io::Error| {
         StoreError::Io(format!("{what} {}: {err}", dir.display()))
     };
@@ -98,19 +137,12 @@ pub(crate) fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreE
         .db
         .drop_tree(OLD_TERMS_TREE)
         .map_err(StoreError::engine)?;
-    trees
-        .meta
-        .insert(
-            keys::META_FORMAT,
-            &record::encode_format_version(STORE_FORMAT)[..],
-        )
-        .map_err(StoreError::engine)?;
-    trees.db.flush().map_err(StoreError::engine)?;
+    record_format(trees, META_EPOCH_FORMAT)?;
     tracing::info!(
         sessions,
         rows = rewritten,
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "moved the term vectors of a format {SEPARATE_TERMS_FORMAT} store into its spans' rows (format {STORE_FORMAT})"
+        "moved the term vectors of a format {SEPARATE_TERMS_FORMAT} store into its spans' rows (format {META_EPOCH_FORMAT})"
     );
     Ok(rewritten)
 }

@@ -117,9 +117,7 @@ impl Store {
         let epoch = check_epoch(&trees, dir, recorded)?;
         crate::writer::repair_torn_appends(&trees)?;
         epoch_file.record(epoch)?;
-        if format < migrate::STORE_FORMAT {
-            migrate::pack_term_vectors(&trees, dir)?;
-        }
+        migrate::upgrade(&trees, dir, format)?;
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
             MarkerBounds {
@@ -728,8 +726,13 @@ pub(crate) fn count_walk(walk: sled::Iter) -> Result<(), StoreError> {
 /// The engine's commit epoch, checked against the one recorded beside it
 /// after the last flush: an engine behind that record lost acknowledged
 /// writes (see [`EpochFile`]), and the store is refused.
+///
+/// The engine's epoch is the newest of the meta tree's and of those the
+/// session records carry (a batch of appends puts its epoch in the last
+/// record it writes instead of the meta tree). A damaged record is
+/// reported where it is read, as before, and carries none here.
 fn check_epoch(trees: &Trees, dir: &Path, recorded: Option<u64>) -> Result<u64, StoreError> {
-    let engine = match trees
+    let mut engine = match trees
         .meta
         .get(keys::META_COMMIT_EPOCH)
         .map_err(StoreError::engine)?
@@ -738,6 +741,12 @@ fn check_epoch(trees: &Trees, dir: &Path, recorded: Option<u64>) -> Result<u64, 
             .map_err(|detail| record::corrupt(TreeId::Meta, keys::META_COMMIT_EPOCH, detail))?,
         None => 0,
     };
+    for entry in trees.sessions.iter() {
+        let (key, value) = entry.map_err(StoreError::engine)?;
+        if let Ok(epoch) = record::session_epoch(&key, &value) {
+            engine = engine.max(epoch);
+        }
+    }
     match recorded {
         Some(acknowledged) if acknowledged > engine => Err(record::corrupt(
             TreeId::Meta,

@@ -279,7 +279,7 @@ async fn a_store_from_a_newer_build_is_refused() {
     }
     match Store::open(dir.path(), StoreOptions::default()) {
         Err(StoreError::UnsupportedFormat { found, supported }) => {
-            assert_eq!((found, supported), (7, 2));
+            assert_eq!((found, supported), (7, 3));
         }
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
@@ -383,6 +383,88 @@ async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
     assert_eq!(store.session("s3").unwrap().unwrap(), sessions[3].record);
     assert_eq!(store.marker_bounds(), MarkerBounds { oldest: 1, next: 3 });
     store.close().unwrap();
+}
+
+/// A batch of appends to several sessions carries its commit epoch in the
+/// last record it writes and nowhere else; any other batch keeps it in the
+/// meta tree. The engine's epoch at open is the newest of them, so a store
+/// holding that record is served, and one whose record came back older
+/// (its log lost the batch's last write after the flush) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_appends_carries_its_commit_epoch_in_its_last_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut sessions: Vec<Session> = (0..3).map(|i| Session::new(&format!("s{i}"))).collect();
+    for s in &mut sessions {
+        store.write(s.create()).await.unwrap();
+        store.write(s.admit_next(1)).await.unwrap();
+    }
+    let raw_record = |store: &Store, id: &str| {
+        let key = keys::session_key(id);
+        let value = store.raw_tree(TreeId::Sessions).get(&key).unwrap().unwrap();
+        (key, value.to_vec())
+    };
+    let epoch_of = |store: &Store, id: &str| {
+        let (key, value) = raw_record(store, id);
+        record::session_epoch(&key, &value).unwrap()
+    };
+    let meta_epoch = |store: &Store| {
+        let value = store
+            .raw_tree(TreeId::Meta)
+            .get(keys::META_COMMIT_EPOCH)
+            .unwrap()
+            .unwrap();
+        record::decode_epoch(&value).unwrap()
+    };
+    // Creating a session is not an append: its epoch went to the meta
+    // tree. Each one-span admission after it carried its own.
+    let created = meta_epoch(&store);
+    assert_eq!(epoch_of(&store, "s2"), created + 1);
+    let older_s2 = raw_record(&store, "s2");
+
+    // The blocker (a marker: not an append) takes the meta tree; the two
+    // appends queued behind it form the next batch.
+    let before = store.stats();
+    let (held, blocker) = hold_writer(&store, &mut sessions[0]).await;
+    let ops = vec![sessions[1].admit_next(1), sessions[2].admit_next(2)];
+    let pending = queue_in_order(&store, ops).await;
+    drop(held);
+    blocker.await.unwrap().unwrap();
+    for p in pending {
+        p.await.unwrap().unwrap();
+    }
+    assert_eq!(store.stats().batches - before.batches, 2);
+    let marker_epoch = meta_epoch(&store);
+    assert!(marker_epoch > created + 1, "{marker_epoch}");
+    assert_eq!(epoch_of(&store, "s0"), 0);
+    assert_eq!(epoch_of(&store, "s1"), 0);
+    assert_eq!(epoch_of(&store, "s2"), marker_epoch + 1);
+    store.close().unwrap();
+    drop(store);
+
+    // Served: the engine's epoch is the record's, the one acknowledged.
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.live_spans("s2").unwrap().len(), 3);
+    let (key, value) = older_s2;
+    store
+        .raw_tree(TreeId::Sessions)
+        .insert(&key, value.as_slice())
+        .unwrap();
+    store.close().unwrap();
+    drop(store);
+    let refused = Store::open(dir.path(), StoreOptions::default()).map(drop);
+    let Err(StoreError::Corrupt { detail, .. }) = refused else {
+        panic!("not refused: {refused:?}");
+    };
+    assert!(detail.contains("lost acknowledged writes"), "{detail}");
+    assert!(
+        detail.contains(&format!("epoch {}", marker_epoch + 1)),
+        "{detail}"
+    );
+    assert!(
+        detail.contains(&format!("epoch {marker_epoch}")),
+        "{detail}"
+    );
 }
 
 /// Delete, create and admit for one id in one batch: each sees the
@@ -740,6 +822,49 @@ fn span_rows(store: &Store, session: &str) -> Vec<(Span, Option<Vec<u8>>)> {
     rows
 }
 
+/// A format-2 store kept every commit epoch in the meta tree: opened, it
+/// is served as it is and recorded as format 3, whose batches of appends
+/// carry their epoch in a session record.
+#[tokio::test]
+async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = {
+        let store = populated(dir.path()).await;
+        let sessions = store.sessions_under("", None, 10).unwrap();
+        // As format 2 left it: no record carries an epoch, the meta tree
+        // holds the newest.
+        let mut newest = 0;
+        for entry in store.raw_tree(TreeId::Sessions).iter() {
+            let (key, value) = entry.unwrap();
+            newest = newest.max(record::session_epoch(&key, &value).unwrap());
+            let plain =
+                record::encode_session(&key, &record::decode_session(&key, &value).unwrap());
+            store
+                .raw_tree(TreeId::Sessions)
+                .insert(&key, plain)
+                .unwrap();
+        }
+        assert!(newest > 0, "appends carried their epochs in records");
+        let meta = store.raw_tree(TreeId::Meta);
+        let in_meta = record::decode_epoch(&meta.get(keys::META_COMMIT_EPOCH).unwrap().unwrap());
+        let newest = newest.max(in_meta.unwrap());
+        meta.insert(keys::META_COMMIT_EPOCH, &record::encode_epoch(newest)[..])
+            .unwrap();
+        meta.insert(keys::META_FORMAT, &record::encode_format_version(2)[..])
+            .unwrap();
+        store.close().unwrap();
+        sessions
+    };
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.sessions_under("", None, 10).unwrap(), sessions);
+    let format = store
+        .raw_tree(TreeId::Meta)
+        .get(keys::META_FORMAT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(record::decode_format_version(&format).unwrap(), 3);
+}
+
 #[tokio::test]
 async fn a_format_one_store_moves_its_term_vectors_into_the_spans_rows() {
     for with_term_rows in [true, false] {
@@ -778,7 +903,7 @@ async fn a_format_one_store_moves_its_term_vectors_into_the_spans_rows() {
             .get(keys::META_FORMAT)
             .unwrap()
             .unwrap();
-        assert_eq!(record::decode_format_version(&format).unwrap(), 2);
+        assert_eq!(record::decode_format_version(&format).unwrap(), 3);
         store.close().unwrap();
         drop(store);
         // Opened again, there is nothing left to move.
@@ -900,7 +1025,7 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
             .unwrap();
         store
             .raw_tree(TreeId::Sessions)
-            .insert(&session, old_record)
+            .insert(&session, old_record.as_slice())
             .unwrap();
         if only_first {
             let first = keys::session_number_key("t", 2);
@@ -914,6 +1039,15 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
         assert_ne!(admission_rows(&store), before);
         store.close().unwrap();
         drop(store);
+        // A torn batch was never flushed, so the last durable commit epoch
+        // is the one the record before it carries.
+        let durable = record::session_epoch(&session, &old_record).unwrap();
+        assert!(durable > 0);
+        std::fs::write(
+            dir.path().join("commit-epoch"),
+            record::encode_epoch(durable),
+        )
+        .unwrap();
 
         let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
         assert_eq!(admission_rows(&store), before, "only_first: {only_first}");

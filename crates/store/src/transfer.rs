@@ -269,7 +269,7 @@ impl SessionImport {
         let mut keyed = Vec::new();
         let mut text_bytes = 0;
         let mut records = Vec::with_capacity(decoded.records.len());
-        for (i, entry) in decoded.records.into_iter().enumerate() {
+        for (i, mut entry) in decoded.records.into_iter().enumerate() {
             let Some(tree) = tree_from(entry.tree) else {
                 return Err(bad_body(format!(
                     "record {i} has the unknown keyspace code {}",
@@ -298,8 +298,12 @@ impl SessionImport {
             let damaged = |err: StoreError| bad_body(format!("{what}: {}", failure(err)));
             match tree {
                 TreeId::Sessions => {
-                    record =
-                        Some(record::decode_session(&entry.key, &entry.value).map_err(damaged)?);
+                    let decoded =
+                        record::decode_session(&entry.key, &entry.value).map_err(damaged)?;
+                    // Sealed again: a commit epoch the record carried was the
+                    // epoch of the store it came from, and means nothing here.
+                    entry.value = record::encode_session(&entry.key, &decoded);
+                    record = Some(decoded);
                 }
                 TreeId::Spans => {
                     let span = record::decode_span(&entry.key, &entry.value).map_err(damaged)?;
@@ -429,13 +433,19 @@ impl Store {
     pub fn export_session(&self, id: &str) -> Result<SessionExport, StoreError> {
         self.reading("export_session");
         keys::check_session_id(id)?;
-        let records = self.session_records(id)?;
+        let mut records = self.session_records(id)?;
         let mut exported = None;
         let mut archived_spans = 0;
         let mut idempotency_keys = 0;
-        for (tree, key, value) in &records {
+        for (tree, key, value) in &mut records {
             match tree {
-                TreeId::Sessions => exported = Some(record::decode_session(key, value)?),
+                TreeId::Sessions => {
+                    let decoded = record::decode_session(key, value)?;
+                    // Without the commit epoch it may carry: that is this
+                    // store's bookkeeping, not the session's.
+                    *value = record::encode_session(key, &decoded);
+                    exported = Some(decoded);
+                }
                 TreeId::Spans => {
                     record::decode_span(key, value)?;
                 }

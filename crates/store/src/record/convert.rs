@@ -187,7 +187,7 @@ pub(super) fn session_row(r: &SessionRecord) -> SessionRow {
         id, created_at_ms, updated_at_ms, revision, next_span_id, turns, marker_count,
         compactions, archived_spans, live_tokens, pinned_tokens, live_spans, pinned_spans,
         approval_required, last_compaction_turn, last_admit_ms, last_compaction_ms,
-    ] config: Some(config_row(&r.config)))
+    ] config: Some(config_row(&r.config)), commit_epoch: 0)
 }
 
 pub(super) fn session_from(row: SessionRow) -> Result<SessionRecord, String> {

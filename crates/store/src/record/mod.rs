@@ -126,6 +126,33 @@ pub(crate) fn decode_session(key: &[u8], value: &[u8]) -> Result<SessionRecord, 
     })
 }
 
+/// A session's record as [`encode_session`] sealed it, carrying `epoch`
+/// as the commit epoch of the batch that writes it: the field is added
+/// to the end of the payload (a record encoded from a [`SessionRecord`]
+/// has none, and the last occurrence of a field is the one decoded) and
+/// the checksum computed again. `None` when `sealed` is not an intact
+/// record of this format under `key`.
+pub(crate) fn stamp_epoch(key: &[u8], sealed: &[u8], epoch: u64) -> Option<Vec<u8>> {
+    open::<SessionEpochRow>(key, sealed).ok()?;
+    let mut out = Vec::with_capacity(sealed.len() + 11);
+    out.extend_from_slice(sealed);
+    SessionEpochRow {
+        commit_epoch: epoch,
+    }
+    .encode(&mut out)
+    .ok()?;
+    let crc = checksum(key, FORMAT_VERSION, &out[HEADER..]);
+    out[1..HEADER].copy_from_slice(&crc.to_le_bytes());
+    Some(out)
+}
+
+/// The commit epoch a session's record carries (0 for none).
+pub(crate) fn session_epoch(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    read(TreeId::Sessions, key, value, |row: SessionEpochRow| {
+        Ok(row.commit_epoch)
+    })
+}
+
 /// A span's term vector for search, packed as its row carries it.
 pub(crate) fn span_terms(span: &Span) -> Vec<u8> {
     codec::encode(&TermVector::of(&span.text))

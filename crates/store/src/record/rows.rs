@@ -41,6 +41,19 @@ pub(crate) struct SessionRow {
     pub(crate) last_admit_ms: u64,
     #[prost(uint64, tag = "18")]
     pub(crate) last_compaction_ms: u64,
+    /// The commit epoch of the batch that wrote this record, when that
+    /// batch carried its epoch here instead of in the meta tree (see
+    /// `record::stamp_epoch`); 0 otherwise.
+    #[prost(uint64, tag = "19")]
+    pub(crate) commit_epoch: u64,
+}
+
+/// The commit epoch a session's record may carry (field 19 of
+/// [`SessionRow`]), read and written without the rest of the record.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct SessionEpochRow {
+    #[prost(uint64, tag = "19")]
+    pub(crate) commit_epoch: u64,
 }
 
 /// A session configuration.

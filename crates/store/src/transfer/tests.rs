@@ -92,7 +92,12 @@ fn open(dir: &Path) -> Store {
 fn raw(store: &Store, id: &str) -> Vec<(TreeId, Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
     if let Some(v) = store.raw_tree(TreeId::Sessions).get(id).unwrap() {
-        out.push((TreeId::Sessions, id.as_bytes().to_vec(), v.to_vec()));
+        // Sealed again without the commit epoch it may carry: that is the
+        // store's bookkeeping, not the session's.
+        let key = id.as_bytes();
+        let resealed =
+            crate::record::encode_session(key, &crate::record::decode_session(key, &v).unwrap());
+        out.push((TreeId::Sessions, key.to_vec(), resealed));
     }
     let prefix = keys::session_prefix(id);
     for tree in [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys] {

@@ -342,15 +342,7 @@ impl Writer {
             return;
         }
 
-        // Every applied batch moves the epoch; the flusher records the
-        // durable one beside the engine's files (see `EpochFile`).
         let epoch = self.epoch + 1;
-        stage.put(
-            TreeId::Meta,
-            keys::META_COMMIT_EPOCH.to_vec(),
-            record::encode_epoch(epoch).to_vec(),
-        );
-        stage.keep();
         let mut oldest = self.oldest_seq;
         if !markers.is_empty() {
             if self.retention > 0 && next_seq - oldest > self.retention {
@@ -369,7 +361,19 @@ impl Writer {
             stage.keep();
         }
 
-        let writes = stage.into_writes();
+        // Every applied batch moves the epoch; the flusher records the
+        // durable one beside the engine's files (see `EpochFile`). A batch
+        // of appends carries it in the last record it puts, any other in
+        // the meta tree (see `in_order`).
+        let mut writes = stage.into_writes();
+        let appends =
+            appends_only && in_order(&writes).is_some() && stamp_last_record(&mut writes, epoch);
+        if !appends {
+            writes.insert(
+                (TreeId::Meta, keys::META_COMMIT_EPOCH.to_vec()),
+                Some(record::encode_epoch(epoch).to_vec()),
+            );
+        }
         if crate::fault("store::before_transaction") {
             let err = StoreError::Io("injected fault before the transaction".into());
             for (ack, _) in accepted {
@@ -382,7 +386,7 @@ impl Writer {
                 .snapshot
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let applied = match appends_only.then(|| in_order(&writes)).flatten() {
+            let applied = match appends.then(|| in_order(&writes)).flatten() {
                 Some(order) => {
                     let applied = put_in_order(&self.trees, &order);
                     self.torn = applied.is_err();
@@ -491,12 +495,14 @@ fn append_only_session(op: &Op) -> Option<String> {
 /// appended span's position is its id) and then replaces the session's
 /// record, which moves `next_span_id` past them. The engine recovers a
 /// prefix of its log after a crash, so applying every span first, then
-/// the other new keys, then the records, then the commit epoch, leaves a
-/// session of a torn batch in one of two states: its record written, so
-/// the whole append is there; or not, so what survived of the append lies
-/// at span ids from its record's `next_span_id` on, starting with a span
-/// at that position. That span is how [`repair_torn_appends`] finds such
-/// a session when the store opens, and removes the rest.
+/// the other new keys, then the records, leaves a session of a torn batch
+/// in one of two states: its record written, so the whole append is
+/// there; or not, so what survived of the append lies at span ids from
+/// its record's `next_span_id` on, starting with a span at that position.
+/// That span is how [`repair_torn_appends`] finds such a session when the
+/// store opens, and removes the rest. The batch's commit epoch rides in
+/// the last record it puts ([`stamp_last_record`]): the engine recovers
+/// it only with everything the batch wrote before it.
 ///
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
@@ -504,28 +510,36 @@ fn in_order(writes: &Writes) -> Option<Vec<Put<'_>>> {
     if writes.len() > IN_ORDER_MAX_WRITES {
         return None;
     }
-    const ORDER: [TreeId; 5] = [
-        TreeId::Spans,
-        TreeId::Pins,
-        TreeId::Keys,
-        TreeId::Sessions,
-        TreeId::Meta,
-    ];
+    const ORDER: [TreeId; 4] = [TreeId::Spans, TreeId::Pins, TreeId::Keys, TreeId::Sessions];
     let mut order = Vec::with_capacity(writes.len());
     for tree in ORDER {
         for ((t, key), value) in writes {
             if *t != tree {
                 continue;
             }
-            let value = value.as_deref()?;
-            if tree == TreeId::Meta && key.as_slice() != keys::META_COMMIT_EPOCH {
-                return None;
-            }
-            order.push((tree, key.as_slice(), value));
+            order.push((tree, key.as_slice(), value.as_deref()?));
         }
     }
     // A write to any other tree, or a removal, is not an append.
     (order.len() == writes.len()).then_some(order)
+}
+
+/// Puts `epoch` into the last session record of a batch of appends, the
+/// last write [`in_order`] applies; false when there is none to carry it.
+fn stamp_last_record(writes: &mut Writes, epoch: u64) -> bool {
+    let last = writes
+        .iter_mut()
+        .rfind(|((tree, _), _)| *tree == TreeId::Sessions);
+    let Some(((_, key), Some(value))) = last else {
+        return false;
+    };
+    match record::stamp_epoch(key, value, epoch) {
+        Some(stamped) => {
+            *value = stamped;
+            true
+        }
+        None => false,
+    }
 }
 
 /// Applies writes one by one in the given order (see [`in_order`]).
