@@ -575,6 +575,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("ctxbroker_sessions_let_go_total", "counter"),
     ("ctxbroker_start_time_seconds", "gauge"),
     ("ctxbroker_store_batches_total", "counter"),
+    ("ctxbroker_store_blob_syncs_total", "counter"),
     ("ctxbroker_store_bytes_written_total", "counter"),
     ("ctxbroker_store_flush_duration_seconds", "histogram"),
     ("ctxbroker_store_flushes_total", "counter"),

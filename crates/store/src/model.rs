@@ -160,12 +160,16 @@ pub struct StoreStats {
     /// Flushes to disk. One flush covers every batch applied before it
     /// started, so there can be fewer flushes than batches.
     pub flushes: u64,
+    /// Blob files synced before flushes: the engine keeps a value or tree
+    /// node of more than about 128 KiB in a file of its own, which its
+    /// flush does not sync (see `writer::blobs`).
+    pub blob_syncs: u64,
     /// The most writes in one batch.
     pub largest_batch: u64,
     /// Times the commit hook panicked (the store carries on).
     pub hook_panics: u64,
     /// Keys inserted or replaced by applied batches, over every tree (the
-    /// commit epoch of each batch among them).
+    /// commit epoch of a batch among them when it has a key of its own).
     pub keys_written: u64,
     /// Keys removed by applied batches.
     pub keys_removed: u64,

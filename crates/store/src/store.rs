@@ -139,6 +139,7 @@ impl Store {
             bounds: None,
             epoch_file,
             epoch,
+            blobs: crate::writer::blobs::BlobSync::new(dir.to_owned()),
         };
         let handoff = match options.durability {
             Durability::Flush => {

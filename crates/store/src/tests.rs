@@ -385,6 +385,44 @@ async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
     store.close().unwrap();
 }
 
+/// A span too large for the engine's log goes to a file of its own, which
+/// the engine's flush does not sync: the flusher syncs it before the
+/// flush that acknowledges it, and the span reads back after a restart.
+#[tokio::test]
+async fn a_span_too_large_for_the_log_is_synced_before_it_is_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    store
+        .write(WriteOp::CreateSession {
+            record: record("big", 1, 1),
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.stats().blob_syncs, 0);
+    let big = Span {
+        text: "error: timed out waiting for rollout\n".repeat(8_000),
+        ..span(1)
+    };
+    assert!(big.text.len() > 256 << 10);
+    store
+        .write(write(
+            Change {
+                append: vec![big.clone()],
+                ..change(1, record("big", 2, 2))
+            },
+            vec![],
+        ))
+        .await
+        .unwrap();
+    let files = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
+    assert!(files >= 1, "the engine kept the span in its log");
+    assert!(store.stats().blob_syncs >= 1, "{:?}", store.stats());
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.live_spans("big").unwrap(), [big]);
+}
+
 /// A batch of appends to several sessions carries its commit epoch in the
 /// last record it writes and nowhere else; any other batch keeps it in the
 /// meta tree. The engine's epoch at open is the newest of them, so a store

@@ -246,6 +246,11 @@ impl Collector for Scraped {
                 stats.flushes,
             ),
             (
+                "ctxbroker_store_blob_syncs",
+                "Files of the storage engine's large values and nodes synced before a flush.",
+                stats.blob_syncs,
+            ),
+            (
                 "ctxbroker_store_keys_written",
                 "Keys the writer inserted or replaced, over every tree.",
                 stats.keys_written,

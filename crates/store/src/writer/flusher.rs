@@ -42,6 +42,8 @@ pub(crate) struct Flusher {
     pub(crate) epoch_file: EpochFile,
     /// The epoch of the last batch handed over.
     pub(crate) epoch: u64,
+    /// The engine's blob files, synced before each flush.
+    pub(crate) blobs: super::blobs::BlobSync,
 }
 
 /// The commit epoch recorded outside the engine, in `commit-epoch` beside
@@ -180,10 +182,15 @@ impl Flusher {
         self.announce();
     }
 
-    /// Flushes the engine, telling the observer how long a successful
-    /// flush took.
-    pub(super) fn flush(&self) -> Result<(), StoreError> {
+    /// Syncs the engine's new blob files, then flushes the engine, telling
+    /// the observer how long a successful flush took.
+    pub(super) fn flush(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
+        let synced = self
+            .blobs
+            .sync_new()
+            .map_err(|e| StoreError::Io(format!("syncing the engine's blob files: {e}")))?;
+        self.shared.blob_syncs.fetch_add(synced, Ordering::Relaxed);
         self.db.flush().map_err(StoreError::engine)?;
         if let Some(observe) = &self.on_flush {
             observe(started.elapsed());

@@ -19,6 +19,7 @@
 //! Here: the writer thread and how a batch is applied; the flusher
 //! is in `flusher`, what one write checks and stages in `stage`.
 
+pub(crate) mod blobs;
 mod flusher;
 mod stage;
 
@@ -117,6 +118,7 @@ pub(crate) struct Shared {
     pub(crate) batches: AtomicU64,
     pub(crate) transactions: AtomicU64,
     pub(crate) flushes: AtomicU64,
+    pub(crate) blob_syncs: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) hook_panics: AtomicU64,
     pub(crate) keys_written: AtomicU64,
@@ -139,6 +141,7 @@ impl Shared {
             batches: AtomicU64::new(0),
             transactions: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            blob_syncs: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
             hook_panics: AtomicU64::new(0),
             keys_written: AtomicU64::new(0),
@@ -162,6 +165,7 @@ impl Shared {
             batches: get(&self.batches),
             transactions: get(&self.transactions),
             flushes: get(&self.flushes),
+            blob_syncs: get(&self.blob_syncs),
             largest_batch: get(&self.largest_batch),
             hook_panics: get(&self.hook_panics),
             keys_written: get(&self.keys_written),
