@@ -264,6 +264,9 @@ pub struct EngineWrites {
     pub keys: f64,
     /// Bytes of those keys and values.
     pub bytes: f64,
+    /// The engine's blob files synced before flushes (values and tree
+    /// nodes too large for its log).
+    pub blob_syncs: f64,
 }
 
 impl EngineWrites {
@@ -289,6 +292,7 @@ impl EngineWrites {
         Ok(EngineWrites {
             keys: value("ctxbroker_store_keys_written_total")?,
             bytes: value("ctxbroker_store_bytes_written_total")?,
+            blob_syncs: value("ctxbroker_store_blob_syncs_total")?,
         })
     }
 
@@ -298,6 +302,7 @@ impl EngineWrites {
         EngineWrites {
             keys: (self.keys - before.keys) / n,
             bytes: (self.bytes - before.bytes) / n,
+            blob_syncs: (self.blob_syncs - before.blob_syncs) / n,
         }
     }
 }
