@@ -84,17 +84,29 @@ fn marker(session: &str, session_seq: u64) -> Marker {
     }
 }
 
+/// Creates session `id`, empty.
+async fn create(store: &Store, id: &str) {
+    store
+        .write(WriteOp::CreateSession {
+            record: record(id, 1, 1),
+        })
+        .await
+        .unwrap();
+}
+
+/// A store opened in `dir` with session `id` created, empty.
+async fn with_session(dir: &Path, id: &str) -> Store {
+    let store = Store::open(dir, StoreOptions::default()).unwrap();
+    create(&store, id).await;
+    store
+}
+
 /// Two sessions, "hurt" and "fine", each with spans 1..=3; "hurt" then
 /// evicts span 1 under marker 1.
 async fn populated(dir: &Path) -> Store {
     let store = Store::open(dir, StoreOptions::default()).unwrap();
     for id in ["hurt", "fine"] {
-        store
-            .write(WriteOp::CreateSession {
-                record: record(id, 1, 1),
-            })
-            .await
-            .unwrap();
+        create(&store, id).await;
         store
             .write(write(
                 Change {
@@ -335,17 +347,24 @@ async fn hold_writer<'a>(
     (guard, handle)
 }
 
+/// Sessions "s0", "s1", … (`count` of them), each created and given
+/// `spans` spans in one admission.
+async fn sessions_with_spans(store: &Store, count: usize, spans: usize) -> Vec<Session> {
+    let mut sessions: Vec<Session> = (0..count).map(|i| Session::new(&format!("s{i}"))).collect();
+    for s in &mut sessions {
+        store.write(s.create()).await.unwrap();
+        store.write(s.admit_next(spans)).await.unwrap();
+    }
+    sessions
+}
+
 /// The writer is held while four writes queue up behind it, so they are
 /// taken as one batch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    let mut sessions: Vec<Session> = (0..4).map(|i| Session::new(&format!("s{i}"))).collect();
-    for s in &mut sessions {
-        store.write(s.create()).await.unwrap();
-        store.write(s.admit(s.next_spans(2))).await.unwrap();
-    }
+    let mut sessions = sessions_with_spans(&store, 4, 2).await;
     let before = store.stats();
     let (held, blocker) = hold_writer(&store, &mut sessions[0]).await;
 
@@ -391,13 +410,7 @@ async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
 #[tokio::test]
 async fn a_span_too_large_for_the_log_is_synced_before_it_is_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    store
-        .write(WriteOp::CreateSession {
-            record: record("big", 1, 1),
-        })
-        .await
-        .unwrap();
+    let store = with_session(dir.path(), "big").await;
     assert_eq!(store.stats().blob_syncs, 0);
     let big = Span {
         text: "error: timed out waiting for rollout\n".repeat(8_000),
@@ -432,11 +445,7 @@ async fn a_span_too_large_for_the_log_is_synced_before_it_is_acknowledged() {
 async fn a_batch_of_appends_carries_its_commit_epoch_in_its_last_record() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    let mut sessions: Vec<Session> = (0..3).map(|i| Session::new(&format!("s{i}"))).collect();
-    for s in &mut sessions {
-        store.write(s.create()).await.unwrap();
-        store.write(s.admit_next(1)).await.unwrap();
-    }
+    let mut sessions = sessions_with_spans(&store, 3, 1).await;
     let raw_record = |store: &Store, id: &str| {
         let key = keys::session_key(id);
         let value = store.raw_tree(TreeId::Sessions).get(&key).unwrap().unwrap();
@@ -564,13 +573,7 @@ fn by_key(store: &Store, key: &str) -> Option<crate::StoredSpan> {
 #[tokio::test]
 async fn idempotency_keys_find_their_spans_live_or_archived_until_the_session_goes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    store
-        .write(WriteOp::CreateSession {
-            record: record("k", 1, 1),
-        })
-        .await
-        .unwrap();
+    let store = with_session(dir.path(), "k").await;
     store
         .write(write(
             Change {
@@ -895,12 +898,17 @@ async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
     };
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     assert_eq!(store.sessions_under("", None, 10).unwrap(), sessions);
+    assert_eq!(recorded_format(&store), 3);
+}
+
+/// The store format recorded in the meta tree.
+fn recorded_format(store: &Store) -> u32 {
     let format = store
         .raw_tree(TreeId::Meta)
         .get(keys::META_FORMAT)
         .unwrap()
         .unwrap();
-    assert_eq!(record::decode_format_version(&format).unwrap(), 3);
+    record::decode_format_version(&format).unwrap()
 }
 
 #[tokio::test]
@@ -936,12 +944,7 @@ async fn a_format_one_store_moves_its_term_vectors_into_the_spans_rows() {
                 .iter()
                 .any(|n| n.as_ref() == b"terms")
         );
-        let format = store
-            .raw_tree(TreeId::Meta)
-            .get(keys::META_FORMAT)
-            .unwrap()
-            .unwrap();
-        assert_eq!(record::decode_format_version(&format).unwrap(), 3);
+        assert_eq!(recorded_format(&store), 3);
         store.close().unwrap();
         drop(store);
         // Opened again, there is nothing left to move.
@@ -1033,13 +1036,7 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
     // only the first row the writer puts (the first span).
     for only_first in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-        store
-            .write(WriteOp::CreateSession {
-                record: record("t", 1, 1),
-            })
-            .await
-            .unwrap();
+        let store = with_session(dir.path(), "t").await;
         store
             .write(write(
                 Change {
