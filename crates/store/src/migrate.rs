@@ -25,6 +25,7 @@ use crate::error::StoreError;
 use crate::keys;
 use crate::record;
 use crate::writer::Trees;
+use crate::writer::blobs::BlobSync;
 
 /// The format this build writes: term vectors in the spans' rows, commit
 /// epochs in the meta tree or in session records.
@@ -39,19 +40,24 @@ pub(crate) const META_EPOCH_FORMAT: u32 = 2;
 
 /// Brings a store of format `from` (checked: not newer than
 /// [`STORE_FORMAT`]) to this build's format.
-pub(crate) fn upgrade(trees: &Trees, dir: &Path, from: u32) -> Result<(), StoreError> {
+pub(crate) fn upgrade(
+    trees: &Trees,
+    dir: &Path,
+    from: u32,
+    blobs: &mut BlobSync,
+) -> Result<(), StoreError> {
     if from == SEPARATE_TERMS_FORMAT {
-        pack_term_vectors(trees, dir)?;
+        pack_term_vectors(trees, dir, blobs)?;
     }
     if from <= META_EPOCH_FORMAT {
-        record_format(trees, STORE_FORMAT)?;
+        record_format(trees, STORE_FORMAT, blobs)?;
         tracing::info!("recorded store format {STORE_FORMAT} (was {from})");
     }
     Ok(())
 }
 
 /// Records `format` in the meta tree, flushed.
-fn record_format(trees: &Trees, format: u32) -> Result<(), StoreError> {
+fn record_format(trees: &Trees, format: u32, blobs: &mut BlobSync) -> Result<(), StoreError> {
     trees
         .meta
         .insert(
@@ -59,7 +65,7 @@ fn record_format(trees: &Trees, format: u32) -> Result<(), StoreError> {
             &record::encode_format_version(format)[..],
         )
         .map_err(StoreError::engine)?;
-    trees.db.flush().map_err(StoreError::engine)?;
+    blobs.flush(&trees.db)?;
     Ok(())
 }
 
@@ -74,7 +80,7 @@ const BATCH_ROWS: usize = 1024;
 /// derived data), drops the old tree and records [`META_EPOCH_FORMAT`].
 /// Returns how many rows it rewrote. A damaged span row is left as it is,
 /// to be reported where it is read, as before.
-fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreError> {
+fn pack_term_vectors(trees: &Trees, dir: &Path, blobs: &mut BlobSync) -> Result<u64, StoreError> {
     let io = |what: &str, err: std::io::Error| {
         StoreError::Io(format!("{what} {}: {err}", dir.display()))
     };
@@ -132,12 +138,12 @@ fn pack_term_vectors(trees: &Trees, dir: &Path) -> Result<u64, StoreError> {
         }
         sessions += 1;
     }
-    trees.db.flush().map_err(StoreError::engine)?;
+    blobs.flush(&trees.db)?;
     trees
         .db
         .drop_tree(OLD_TERMS_TREE)
         .map_err(StoreError::engine)?;
-    record_format(trees, META_EPOCH_FORMAT)?;
+    record_format(trees, META_EPOCH_FORMAT, blobs)?;
     tracing::info!(
         sessions,
         rows = rewritten,

@@ -115,9 +115,11 @@ impl Store {
         let (next_seq, oldest_seq, format) = check_format(&trees)?;
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
         let epoch = check_epoch(&trees, dir, recorded)?;
-        crate::writer::repair_torn_appends(&trees)?;
+        // Every flush from here on syncs the engine's new blob files first.
+        let mut blobs = crate::writer::blobs::BlobSync::new(dir.to_owned());
+        crate::writer::repair_torn_appends(&trees, &mut blobs)?;
         epoch_file.record(epoch)?;
-        migrate::upgrade(&trees, dir, format)?;
+        migrate::upgrade(&trees, dir, format, &mut blobs)?;
         let sessions = trees.sessions.len() as u64;
         let shared = Arc::new(Shared::new(
             MarkerBounds {
@@ -139,7 +141,7 @@ impl Store {
             bounds: None,
             epoch_file,
             epoch,
-            blobs: crate::writer::blobs::BlobSync::new(dir.to_owned()),
+            blobs,
         };
         let handoff = match options.durability {
             Durability::Flush => {

@@ -28,6 +28,8 @@ use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use crate::error::StoreError;
+
 /// How much older than a listing the directory's modification time must
 /// be for that time to prove that nothing was created since.
 const SETTLED: Duration = Duration::from_millis(100);
@@ -61,6 +63,18 @@ impl BlobSync {
             listed: None,
             listings: 0,
         }
+    }
+
+    /// Syncs the new blob files, then flushes the engine: after it, every
+    /// log record and every file one points at is on disk. Returns how
+    /// many files it synced. Every flush of a store holding data goes
+    /// through here.
+    pub(crate) fn flush(&mut self, db: &sled::Db) -> Result<u64, StoreError> {
+        let synced = self
+            .sync_new()
+            .map_err(|e| StoreError::Io(format!("syncing the engine's blob files: {e}")))?;
+        db.flush().map_err(StoreError::engine)?;
+        Ok(synced)
     }
 
     /// Syncs every blob file above the floor, then the directory if any

@@ -186,12 +186,8 @@ impl Flusher {
     /// the observer how long a successful flush took.
     pub(super) fn flush(&mut self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
-        let synced = self
-            .blobs
-            .sync_new()
-            .map_err(|e| StoreError::Io(format!("syncing the engine's blob files: {e}")))?;
+        let synced = self.blobs.flush(&self.db)?;
         self.shared.blob_syncs.fetch_add(synced, Ordering::Relaxed);
-        self.db.flush().map_err(StoreError::engine)?;
         if let Some(observe) = &self.on_flush {
             observe(started.elapsed());
         }

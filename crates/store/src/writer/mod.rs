@@ -565,7 +565,10 @@ fn put_in_order(trees: &Trees, order: &[Put<'_>]) -> Result<(), StoreError> {
 /// wrote each span's term row before it: term rows a crash left without
 /// their span go with that format's terms tree when the store is
 /// converted, see `migrate`.) Returns how many sessions it repaired.
-pub(crate) fn repair_torn_appends(trees: &Trees) -> Result<u64, StoreError> {
+pub(crate) fn repair_torn_appends(
+    trees: &Trees,
+    blobs: &mut blobs::BlobSync,
+) -> Result<u64, StoreError> {
     let mut repaired = 0;
     for entry in trees.sessions.iter() {
         let (key, value) = entry.map_err(StoreError::engine)?;
@@ -604,7 +607,7 @@ pub(crate) fn repair_torn_appends(trees: &Trees) -> Result<u64, StoreError> {
         repaired += 1;
     }
     if repaired > 0 {
-        trees.db.flush().map_err(StoreError::engine)?;
+        blobs.flush(&trees.db)?;
     }
     Ok(repaired)
 }
