@@ -116,7 +116,8 @@ impl Store {
         let (mut epoch_file, recorded) = EpochFile::open(dir)?;
         let epoch = check_epoch(&trees, dir, recorded)?;
         // Every flush from here on syncs the engine's new blob files first.
-        let mut blobs = crate::writer::blobs::BlobSync::new(dir.to_owned());
+        let mut blobs = crate::writer::blobs::BlobSync::open(dir.to_owned())
+            .map_err(|e| StoreError::Io(format!("syncing the engine's blob files: {e}")))?;
         crate::writer::repair_torn_appends(&trees, &mut blobs)?;
         epoch_file.record(epoch)?;
         migrate::upgrade(&trees, dir, format, &mut blobs)?;

@@ -15,7 +15,9 @@
 //! writer has finished the batch that made it), then the directory, so
 //! that the files' names are durable too. The engine writes a blob in the
 //! thread that inserts, before its log record exists, so by the time the
-//! flush makes that record durable the file it names is.
+//! flush makes that record durable the file it names is. When the store
+//! opens, every blob file already there is synced once: a crashed process
+//! can leave their pages waiting in the page cache.
 //!
 //! Most flushes follow writes that made no blob, so the listing is
 //! skipped when the directory's modification time is the one of the last
@@ -63,6 +65,19 @@ impl BlobSync {
             listed: None,
             listings: 0,
         }
+    }
+
+    /// For the engine whose files are in `engine_dir`, opened and not yet
+    /// written to: syncs every blob file there once (after a crash of the
+    /// process their pages may still be waiting in the page cache), so
+    /// that later listings start above them. Nothing else writes blob
+    /// files yet, so none of them is synced twice.
+    pub(crate) fn open(engine_dir: PathBuf) -> std::io::Result<BlobSync> {
+        let mut blobs = BlobSync::new(engine_dir);
+        blobs.sync_new()?;
+        blobs.floor = blobs.seen;
+        blobs.again = false;
+        Ok(blobs)
     }
 
     /// Syncs the new blob files, then flushes the engine: after it, every
@@ -165,6 +180,25 @@ mod tests {
             .unwrap()
             .set_modified(SystemTime::now() - ago)
             .unwrap();
+    }
+
+    #[test]
+    fn the_files_there_at_open_are_synced_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob_dir = dir.path().join("blobs");
+        std::fs::create_dir(&blob_dir).unwrap();
+        std::fs::write(blob_dir.join("100"), b"a").unwrap();
+        std::fs::write(blob_dir.join("200"), b"b").unwrap();
+        let mut blobs = BlobSync::open(dir.path().to_owned()).unwrap();
+        assert_eq!((blobs.listings, blobs.floor, blobs.seen), (1, 200, 200));
+        // Listed again (the directory's time is recent) but not synced.
+        assert_eq!(blobs.sync_new().unwrap(), 0);
+        std::fs::write(blob_dir.join("300"), b"c").unwrap();
+        assert_eq!(blobs.sync_new().unwrap(), 1);
+        // A store with no blob directory yet opens as well.
+        let empty = tempfile::tempdir().unwrap();
+        let mut blobs = BlobSync::open(empty.path().to_owned()).unwrap();
+        assert_eq!(blobs.sync_new().unwrap(), 0);
     }
 
     #[test]
