@@ -143,6 +143,7 @@ impl Store {
             epoch_file,
             epoch,
             blobs,
+            blobs_synced_at: std::time::Instant::now(),
         };
         let handoff = match options.durability {
             Durability::Flush => {

@@ -18,8 +18,8 @@ use ctxbroker_core::{Marker, SessionConfig, Span};
 use crate::keys::{self, TreeId};
 use crate::record;
 use crate::{
-    Change, MarkerBounds, SessionRecord, SpanState, Store, StoreError, StoreOptions, WriteAck,
-    WriteOp,
+    Change, Durability, MarkerBounds, SessionRecord, SpanState, Store, StoreError, StoreOptions,
+    WriteAck, WriteOp,
 };
 
 fn record(id: &str, revision: u64, next_span_id: u64) -> SessionRecord {
@@ -404,6 +404,15 @@ async fn a_batch_mixing_stale_and_good_writes_applies_only_the_good() {
     store.close().unwrap();
 }
 
+/// Span `id` with a text of 289 KiB: more than the engine keeps in its
+/// log (a quarter of its 512 KiB segment), so it goes to a blob file.
+fn big_span(id: u64) -> Span {
+    Span {
+        text: "error: timed out waiting for rollout\n".repeat(8_000),
+        ..span(id)
+    }
+}
+
 /// A span too large for the engine's log goes to a file of its own, which
 /// the engine's flush does not sync: the flusher syncs it before the
 /// flush that acknowledges it, and the span reads back after a restart.
@@ -412,11 +421,7 @@ async fn a_span_too_large_for_the_log_is_synced_before_it_is_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let store = with_session(dir.path(), "big").await;
     assert_eq!(store.stats().blob_syncs, 0);
-    let big = Span {
-        text: "error: timed out waiting for rollout\n".repeat(8_000),
-        ..span(1)
-    };
-    assert!(big.text.len() > 256 << 10);
+    let big = big_span(1);
     store
         .write(write(
             Change {
@@ -434,6 +439,45 @@ async fn a_span_too_large_for_the_log_is_synced_before_it_is_acknowledged() {
     drop(store);
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     assert_eq!(store.live_spans("big").unwrap(), [big]);
+}
+
+/// With relaxed durability nothing waits for a flush, but the blob files
+/// are still synced, at most every half second, when a batch is
+/// acknowledged.
+#[tokio::test]
+async fn relaxed_durability_syncs_blob_files_every_half_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        durability: Durability::Relaxed,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir.path(), options).unwrap();
+    create(&store, "big").await;
+    let big = big_span(1);
+    store
+        .write(write(
+            Change {
+                append: vec![big],
+                ..change(1, record("big", 2, 2))
+            },
+            vec![],
+        ))
+        .await
+        .unwrap();
+    assert!(std::fs::read_dir(dir.path().join("blobs")).unwrap().count() >= 1);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    store
+        .write(write(
+            Change {
+                append: vec![span(2)],
+                ..change(2, record("big", 3, 3))
+            },
+            vec![],
+        ))
+        .await
+        .unwrap();
+    assert!(store.stats().blob_syncs >= 1, "{:?}", store.stats());
+    assert_eq!(store.stats().flushes, 0);
 }
 
 /// A batch of appends to several sessions carries its commit epoch in the

@@ -44,7 +44,15 @@ pub(crate) struct Flusher {
     pub(crate) epoch: u64,
     /// The engine's blob files, synced before each flush.
     pub(crate) blobs: super::blobs::BlobSync,
+    /// With relaxed durability, when the blob files were last synced.
+    pub(crate) blobs_synced_at: std::time::Instant,
 }
+
+/// With relaxed durability nothing waits for a flush and the engine
+/// flushes its log on its own, this often; the blob files are synced at
+/// most this often too, when a batch is acknowledged, so that they lag the
+/// log by about as much as the log lags the acknowledgements.
+const RELAXED_BLOB_SYNC: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The commit epoch recorded outside the engine, in `commit-epoch` beside
 /// its files, after every flush.
@@ -161,6 +169,14 @@ impl Flusher {
             // leaves the file older, which is safe.
             if let Err(err) = self.epoch_file.record(self.epoch) {
                 tracing::warn!(%err, "recording the commit epoch failed");
+            }
+        } else if self.blobs_synced_at.elapsed() >= RELAXED_BLOB_SYNC {
+            self.blobs_synced_at = std::time::Instant::now();
+            match self.blobs.sync_new() {
+                Ok(synced) => {
+                    self.shared.blob_syncs.fetch_add(synced, Ordering::Relaxed);
+                }
+                Err(err) => tracing::warn!(%err, "syncing the engine's blob files failed"),
             }
         }
         // The head moves before any acknowledgement, so a caller that has
