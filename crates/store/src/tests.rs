@@ -499,14 +499,8 @@ async fn a_batch_of_appends_carries_its_commit_epoch_in_its_last_record() {
         let (key, value) = raw_record(store, id);
         record::session_epoch(&key, &value).unwrap()
     };
-    let meta_epoch = |store: &Store| {
-        let value = store
-            .raw_tree(TreeId::Meta)
-            .get(keys::META_COMMIT_EPOCH)
-            .unwrap()
-            .unwrap();
-        record::decode_epoch(&value).unwrap()
-    };
+    let meta_epoch =
+        |store: &Store| record::decode_epoch(&meta(store, keys::META_COMMIT_EPOCH)).unwrap();
     // Creating a session is not an append: its epoch went to the meta
     // tree. Each one-span admission after it carried its own.
     let created = meta_epoch(&store);
@@ -930,12 +924,14 @@ async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
                 .unwrap();
         }
         assert!(newest > 0, "appends carried their epochs in records");
-        let meta = store.raw_tree(TreeId::Meta);
-        let in_meta = record::decode_epoch(&meta.get(keys::META_COMMIT_EPOCH).unwrap().unwrap());
+        let meta_tree = store.raw_tree(TreeId::Meta);
+        let in_meta = record::decode_epoch(&meta(&store, keys::META_COMMIT_EPOCH));
         let newest = newest.max(in_meta.unwrap());
-        meta.insert(keys::META_COMMIT_EPOCH, &record::encode_epoch(newest)[..])
+        meta_tree
+            .insert(keys::META_COMMIT_EPOCH, &record::encode_epoch(newest)[..])
             .unwrap();
-        meta.insert(keys::META_FORMAT, &record::encode_format_version(2)[..])
+        meta_tree
+            .insert(keys::META_FORMAT, &record::encode_format_version(2)[..])
             .unwrap();
         store.close().unwrap();
         sessions
@@ -945,14 +941,19 @@ async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
     assert_eq!(recorded_format(&store), 3);
 }
 
+/// The value of `key` in the meta tree, which must be there.
+fn meta(store: &Store, key: &[u8]) -> Vec<u8> {
+    store
+        .raw_tree(TreeId::Meta)
+        .get(key)
+        .unwrap()
+        .unwrap()
+        .to_vec()
+}
+
 /// The store format recorded in the meta tree.
 fn recorded_format(store: &Store) -> u32 {
-    let format = store
-        .raw_tree(TreeId::Meta)
-        .get(keys::META_FORMAT)
-        .unwrap()
-        .unwrap();
-    record::decode_format_version(&format).unwrap()
+    record::decode_format_version(&meta(store, keys::META_FORMAT)).unwrap()
 }
 
 #[tokio::test]

@@ -45,8 +45,6 @@ pub(crate) struct BlobSync {
     floor: u64,
     /// The newest file name seen at the last listing.
     seen: u64,
-    /// The last listing found a new file, to be synced once more.
-    again: bool,
     /// The directory's modification time at the last listing, and when
     /// that listing began.
     listed: Option<(SystemTime, SystemTime)>,
@@ -61,7 +59,6 @@ impl BlobSync {
             dir: engine_dir.join("blobs"),
             floor: 0,
             seen: 0,
-            again: false,
             listed: None,
             listings: 0,
         }
@@ -76,7 +73,6 @@ impl BlobSync {
         let mut blobs = BlobSync::new(engine_dir);
         blobs.sync_new()?;
         blobs.floor = blobs.seen;
-        blobs.again = false;
         Ok(blobs)
     }
 
@@ -105,7 +101,9 @@ impl BlobSync {
         let unchanged = self
             .listed
             .is_some_and(|(before, listed_at)| before == modified && before + SETTLED <= listed_at);
-        if unchanged && !self.again {
+        // A file first seen at the last listing is above the floor: it
+        // is to be synced once more, so the directory is listed again.
+        if unchanged && self.seen == self.floor {
             return Ok(0);
         }
         let listed_at = SystemTime::now();
@@ -137,7 +135,6 @@ impl BlobSync {
         if synced > 0 {
             File::open(&self.dir)?.sync_all()?;
         }
-        self.again = newest > self.seen;
         self.floor = self.seen;
         self.seen = newest;
         self.listed = Some((modified, listed_at));

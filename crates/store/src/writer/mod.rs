@@ -370,8 +370,7 @@ impl Writer {
         // of appends carries it in the last record it puts, any other in
         // the meta tree (see `in_order`).
         let mut writes = stage.into_writes();
-        let appends =
-            appends_only && in_order(&writes).is_some() && stamp_last_record(&mut writes, epoch);
+        let appends = appends_only && in_order(&writes) && stamp_last_record(&mut writes, epoch);
         if !appends {
             writes.insert(
                 (TreeId::Meta, keys::META_COMMIT_EPOCH.to_vec()),
@@ -390,13 +389,12 @@ impl Writer {
                 .snapshot
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let applied = match appends.then(|| in_order(&writes)).flatten() {
-                Some(order) => {
-                    let applied = put_in_order(&self.trees, &order);
-                    self.torn = applied.is_err();
-                    applied
-                }
-                None => transact(&self.trees, &writes),
+            let applied = if appends {
+                let applied = put_in_order(&self.trees, &writes);
+                self.torn = applied.is_err();
+                applied
+            } else {
+                transact(&self.trees, &writes)
             };
             // Under the exclusive hold, so no search sees the new state
             // with the old postings.
@@ -467,9 +465,6 @@ impl Writer {
 /// Staged changes: a value to store, or `None` to remove the key.
 type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 
-/// A key to store in a tree, with its value.
-type Put<'a> = (TreeId, &'a [u8], &'a [u8]);
-
 /// The session a write only appends spans to (a turn admitted without a
 /// compaction: new spans, each at the position of its id, their pins and
 /// idempotency keys, and the session's record), or `None` for any other
@@ -490,9 +485,9 @@ fn append_only_session(op: &Op) -> Option<String> {
     }
 }
 
-/// The writes of a batch of appends, in the order that lets them be
-/// applied without a transaction, or `None` when the batch holds anything
-/// else (then it needs one).
+/// Whether a batch's writes are appends that [`put_in_order`] can apply
+/// without a transaction; false when the batch holds anything else (then
+/// it needs one).
 ///
 /// Appending writes only keys that did not exist (spans, pins and
 /// idempotency keys of span ids from the session's `next_span_id` on; an
@@ -510,26 +505,21 @@ fn append_only_session(op: &Op) -> Option<String> {
 ///
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
-fn in_order(writes: &Writes) -> Option<Vec<Put<'_>>> {
-    if writes.len() > IN_ORDER_MAX_WRITES {
-        return None;
-    }
-    const ORDER: [TreeId; 4] = [TreeId::Spans, TreeId::Pins, TreeId::Keys, TreeId::Sessions];
-    let mut order = Vec::with_capacity(writes.len());
-    for tree in ORDER {
-        for ((t, key), value) in writes {
-            if *t != tree {
-                continue;
-            }
-            order.push((tree, key.as_slice(), value.as_deref()?));
-        }
-    }
+fn in_order(writes: &Writes) -> bool {
     // A write to any other tree, or a removal, is not an append.
-    (order.len() == writes.len()).then_some(order)
+    writes.len() <= IN_ORDER_MAX_WRITES
+        && writes
+            .iter()
+            .all(|((tree, _), value)| value.is_some() && APPEND_ORDER.contains(tree))
 }
 
+/// The trees a batch of appends writes, in the order [`put_in_order`]
+/// applies them (see [`in_order`]).
+const APPEND_ORDER: [TreeId; 4] = [TreeId::Spans, TreeId::Pins, TreeId::Keys, TreeId::Sessions];
+
 /// Puts `epoch` into the last session record of a batch of appends, the
-/// last write [`in_order`] applies; false when there is none to carry it.
+/// last write [`put_in_order`] applies; false when there is none to carry
+/// it.
 fn stamp_last_record(writes: &mut Writes, epoch: u64) -> bool {
     let last = writes
         .iter_mut()
@@ -546,13 +536,18 @@ fn stamp_last_record(writes: &mut Writes, epoch: u64) -> bool {
     }
 }
 
-/// Applies writes one by one in the given order (see [`in_order`]).
-fn put_in_order(trees: &Trees, order: &[Put<'_>]) -> Result<(), StoreError> {
-    for (tree, key, value) in order {
-        trees
-            .tree(*tree)
-            .insert(*key, *value)
-            .map_err(StoreError::engine)?;
+/// Applies a batch of appends one write at a time, tree by tree in
+/// [`APPEND_ORDER`] (see [`in_order`]).
+fn put_in_order(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
+    for tree in APPEND_ORDER {
+        for ((t, key), value) in writes {
+            if let (true, Some(value)) = (*t == tree, value) {
+                trees
+                    .tree(tree)
+                    .insert(key.as_slice(), value.as_slice())
+                    .map_err(StoreError::engine)?;
+            }
+        }
     }
     Ok(())
 }
