@@ -267,6 +267,9 @@ pub struct EngineWrites {
     /// The engine's blob files synced before flushes (values and tree
     /// nodes too large for its log).
     pub blob_syncs: f64,
+    /// Writes the request that made them applied itself, without waking
+    /// the store's writer thread.
+    pub applied_by_caller: f64,
 }
 
 impl EngineWrites {
@@ -293,6 +296,7 @@ impl EngineWrites {
             keys: value("ctxbroker_store_keys_written_total")?,
             bytes: value("ctxbroker_store_bytes_written_total")?,
             blob_syncs: value("ctxbroker_store_blob_syncs_total")?,
+            applied_by_caller: value("ctxbroker_store_writes_applied_by_caller_total")?,
         })
     }
 
@@ -303,6 +307,7 @@ impl EngineWrites {
             keys: (self.keys - before.keys) / n,
             bytes: (self.bytes - before.bytes) / n,
             blob_syncs: (self.blob_syncs - before.blob_syncs) / n,
+            applied_by_caller: (self.applied_by_caller - before.applied_by_caller) / n,
         }
     }
 }

@@ -576,6 +576,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("ctxbroker_start_time_seconds", "gauge"),
     ("ctxbroker_store_batches_total", "counter"),
     ("ctxbroker_store_blob_syncs_total", "counter"),
+    ("ctxbroker_store_writes_applied_by_caller_total", "counter"),
     ("ctxbroker_store_bytes_written_total", "counter"),
     ("ctxbroker_store_flush_duration_seconds", "histogram"),
     ("ctxbroker_store_flushes_total", "counter"),

@@ -164,6 +164,10 @@ pub struct StoreStats {
     /// node of more than about 128 KiB in a file of its own, which its
     /// flush does not sync (see `writer::blobs`).
     pub blob_syncs: u64,
+    /// Writes applied by the task that made them, without a hand-off to
+    /// the writer's thread (an append finding the writer idle; counted in
+    /// `writes` too).
+    pub applied_by_caller: u64,
     /// The most writes in one batch.
     pub largest_batch: u64,
     /// Times the commit hook panicked (the store carries on).

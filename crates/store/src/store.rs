@@ -20,12 +20,14 @@ use crate::model::{
 };
 use crate::record;
 use crate::writer::{
-    Encoded, EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer,
+    Encoded, EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer, WriterCell,
 };
 
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
-/// calling thread; writes are queued to the one writer thread.
+/// calling thread; writes are queued to the one writer thread (an append
+/// that finds the writer idle is applied by the calling task, under the
+/// writer's lock).
 ///
 /// Dropping the last handle closes the store as [`Store::close`] does.
 #[derive(Clone)]
@@ -38,6 +40,9 @@ struct Inner {
     trees: Trees,
     shared: Arc<Shared>,
     queue: mpsc::Sender<Msg>,
+    /// The writer's state, which a request task may take to apply its own
+    /// append (see [`Writer::apply_here`]).
+    writer_state: Arc<WriterCell>,
     /// Taken by the first `close`, which joins it.
     writer: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
     /// Set by [`Store::check_reads_off_workers`].
@@ -159,9 +164,7 @@ impl Store {
         let writer = Writer {
             trees: trees.clone(),
             shared: Arc::clone(&shared),
-            rx,
             retention: options.marker_retention,
-            max_batch,
             handoff,
             next_seq,
             oldest_seq,
@@ -169,9 +172,14 @@ impl Store {
             epoch,
             torn: false,
         };
+        let writer_state = Arc::new(WriterCell::new(Some(writer)));
         let handle = std::thread::Builder::new()
             .name("ctxbroker-store-writer".into())
-            .spawn(move || writer.run())
+            .spawn({
+                let cell = Arc::clone(&writer_state);
+                let shared = Arc::clone(&shared);
+                move || Writer::run(cell, rx, shared, max_batch)
+            })
             .map_err(|e| StoreError::Io(format!("starting the writer thread: {e}")))?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -179,6 +187,7 @@ impl Store {
                 trees,
                 shared,
                 queue,
+                writer_state,
                 writer: Mutex::new(Some(handle)),
                 checked: AtomicBool::new(false),
             }),
@@ -192,7 +201,12 @@ impl Store {
     /// of growing memory.
     ///
     /// A write whose caller stops waiting after it was queued may still be
-    /// applied.
+    /// applied. A write that only appends a turn and finds the writer idle
+    /// and nothing queued is applied by the calling task itself, under the
+    /// writer's lock (a few inserts into the engine's cached pages, never a
+    /// flush), sparing the writer's thread a wake-up: with relaxed
+    /// durability the write is then acknowledged at once, without any
+    /// hand-off between threads.
     ///
     /// The rows of the write's new spans are encoded here, by the calling
     /// task, so that the one writer thread only checks and applies them; a
@@ -227,9 +241,18 @@ impl Store {
             return Err(StoreError::Closed);
         }
         let (ack, outcome) = oneshot::channel();
-        self.inner
-            .queue
-            .send(Msg::Write(Request { op, ack, encoded }))
+        let mut request = Request { op, ack, encoded };
+        // Nothing queued before it: a write waiting in the queue means a
+        // busy writer, which batches better than a request on its own.
+        let queue = &self.inner.queue;
+        if queue.capacity() == queue.max_capacity() {
+            match Writer::apply_here(&self.inner.writer_state, request) {
+                None => return outcome.await.map_err(|_| StoreError::Closed)?,
+                Some(back) => request = back,
+            }
+        }
+        queue
+            .send(Msg::Write(request))
             .await
             .map_err(|_| StoreError::Closed)?;
         outcome.await.map_err(|_| StoreError::Closed)?
@@ -665,6 +688,12 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn raw_tree(&self, tree: TreeId) -> &sled::Tree {
         self.inner.trees.tree(tree)
+    }
+
+    /// The writer's state, for tests that hold or poison its lock.
+    #[cfg(test)]
+    pub(crate) fn writer_state(&self) -> &WriterCell {
+        &self.inner.writer_state
     }
 
     /// The engine itself, for tests that write what another format held.

@@ -480,6 +480,103 @@ async fn relaxed_durability_syncs_blob_files_every_half_second() {
     assert_eq!(store.stats().flushes, 0);
 }
 
+/// Waits until the writer's thread has let go of its state after its last
+/// batch (it acknowledges a relaxed batch, or hands a durable one to the
+/// flusher, before it does); with nothing queued, it then stays idle.
+async fn writer_idle(store: &Store) {
+    wait_until(|| store.writer_state().try_lock().is_ok()).await;
+}
+
+/// A relaxed store whose session "a" holds two spans, each admission
+/// applied by the task that made it.
+async fn relaxed_with_appends(dir: &Path) -> (Store, Session) {
+    let options = StoreOptions {
+        durability: Durability::Relaxed,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir, options).unwrap();
+    let mut a = Session::new("a");
+    store.write(a.create()).await.unwrap();
+    assert_eq!(store.stats().applied_by_caller, 0, "a creation is queued");
+    writer_idle(&store).await;
+    for _ in 0..2 {
+        store.write(a.admit_next(1)).await.unwrap();
+    }
+    assert_eq!(store.stats().applied_by_caller, 2, "{:?}", store.stats());
+    (store, a)
+}
+
+/// An append that finds the writer idle is applied by the task that made
+/// it, with the same outcome; one made while the writer applies a batch
+/// is queued and applied after it. With durable writes, the append
+/// applied by its task is acknowledged after the flush that covers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaxed_append_finding_the_writer_idle_is_applied_by_its_caller() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut a) = relaxed_with_appends(dir.path()).await;
+    let mut b = Session::new("b");
+    store.write(b.create()).await.unwrap();
+    let (guard, held) = hold_writer(&store, &mut b).await;
+    let queued = {
+        let (store, op) = (store.clone(), a.admit_next(1));
+        tokio::spawn(async move { store.write(op).await })
+    };
+    wait_until(|| store.stats().queued >= 1).await;
+    drop(guard);
+    held.await.unwrap().unwrap();
+    let ack = queued.await.unwrap().unwrap();
+    assert_eq!(ack.marker_seq, None);
+    assert_eq!(store.stats().applied_by_caller, 2, "{:?}", store.stats());
+    let texts = |store: &Store| -> Vec<String> {
+        let spans = store.live_spans("a").unwrap();
+        spans.into_iter().map(|span| span.text).collect()
+    };
+    let before = texts(&store);
+    assert_eq!(before.len(), 3);
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(texts(&store), before);
+    assert_eq!(store.session("a").unwrap().unwrap(), a.record);
+    let mut c = Session::new("c");
+    store.write(c.create()).await.unwrap();
+    writer_idle(&store).await;
+    let flushes = store.stats().flushes;
+    store.write(c.admit_next(1)).await.unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.applied_by_caller, 1, "{stats:?}");
+    assert_eq!(stats.flushes, flushes + 1, "acknowledged after its flush");
+}
+
+/// A panic while the writer's state is held (a request applying its own
+/// append) may leave part of a write behind: the store takes no more
+/// writes until it is opened again, and then serves what it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_under_the_writers_lock_stops_the_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut a) = relaxed_with_appends(dir.path()).await;
+    let cell = store.writer_state();
+    let panicked = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let _held = cell.lock();
+                panic!("a panic while the writer's state is held");
+            })
+            .join()
+    });
+    assert!(panicked.is_err());
+    let refused = store.write(a.admit_next(1)).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::Engine(msg) if msg.contains("until it is opened again")),
+        "{refused:?}"
+    );
+    assert_eq!(store.stats().applied_by_caller, 2);
+    store.close().unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!(store.live_spans("a").unwrap().len(), 2);
+}
+
 /// A batch of appends to several sessions carries its commit epoch in the
 /// last record it writes and nowhere else; any other batch keeps it in the
 /// meta tree. The engine's epoch at open is the newest of them, so a store

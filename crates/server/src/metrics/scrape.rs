@@ -251,6 +251,11 @@ impl Collector for Scraped {
                 stats.blob_syncs,
             ),
             (
+                "ctxbroker_store_writes_applied_by_caller",
+                "Writes applied by the request that made them, without waking the writer's thread.",
+                stats.applied_by_caller,
+            ),
+            (
                 "ctxbroker_store_keys_written",
                 "Keys the writer inserted or replaced, over every tree.",
                 stats.keys_written,

@@ -170,7 +170,7 @@ impl Flusher {
             if let Err(err) = self.epoch_file.record(self.epoch) {
                 tracing::warn!(%err, "recording the commit epoch failed");
             }
-        } else if self.blobs_synced_at.elapsed() >= RELAXED_BLOB_SYNC {
+        } else if self.blob_sync_due() {
             self.blobs_synced_at = std::time::Instant::now();
             match self.blobs.sync_new() {
                 Ok(synced) => {
@@ -196,6 +196,12 @@ impl Flusher {
             }
         }
         self.announce();
+    }
+
+    /// With relaxed durability, whether the next batch acknowledged syncs
+    /// the blob files ([`RELAXED_BLOB_SYNC`]).
+    pub(super) fn blob_sync_due(&self) -> bool {
+        self.blobs_synced_at.elapsed() >= RELAXED_BLOB_SYNC
     }
 
     /// Syncs the engine's new blob files, then flushes the engine, telling

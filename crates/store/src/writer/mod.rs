@@ -13,8 +13,10 @@
 //! batch applied so far, flushes once for all of them, publishes the new
 //! marker head, calls the commit hook with their markers in seq order,
 //! and only then acknowledges. Refused writes are answered at once: they
-//! changed nothing. Request tasks never touch the engine's write path, so
-//! they can never pile up on its flush.
+//! changed nothing. Request tasks never flush, so they can never pile up
+//! on the engine's flush; a request task that finds the writer idle
+//! applies its own append under the writer's lock, exactly as the writer
+//! would, instead of waking its thread (see [`Writer::apply_here`]).
 //!
 //! Here: the writer thread and how a batch is applied; the flusher
 //! is in `flusher`, what one write checks and stages in `stage`.
@@ -119,6 +121,7 @@ pub(crate) struct Shared {
     pub(crate) transactions: AtomicU64,
     pub(crate) flushes: AtomicU64,
     pub(crate) blob_syncs: AtomicU64,
+    pub(crate) applied_by_caller: AtomicU64,
     pub(crate) largest_batch: AtomicU64,
     pub(crate) hook_panics: AtomicU64,
     pub(crate) keys_written: AtomicU64,
@@ -142,6 +145,7 @@ impl Shared {
             transactions: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             blob_syncs: AtomicU64::new(0),
+            applied_by_caller: AtomicU64::new(0),
             largest_batch: AtomicU64::new(0),
             hook_panics: AtomicU64::new(0),
             keys_written: AtomicU64::new(0),
@@ -166,6 +170,7 @@ impl Shared {
             transactions: get(&self.transactions),
             flushes: get(&self.flushes),
             blob_syncs: get(&self.blob_syncs),
+            applied_by_caller: get(&self.applied_by_caller),
             largest_batch: get(&self.largest_batch),
             hook_panics: get(&self.hook_panics),
             keys_written: get(&self.keys_written),
@@ -235,9 +240,7 @@ pub(crate) enum Handoff {
 pub(crate) struct Writer {
     pub(crate) trees: Trees,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) rx: mpsc::Receiver<Msg>,
     pub(crate) retention: u64,
-    pub(crate) max_batch: usize,
     /// Where applied batches go to be flushed and acknowledged.
     pub(crate) handoff: Handoff,
     /// The seq the next marker gets.
@@ -254,32 +257,117 @@ pub(crate) struct Writer {
     pub(crate) torn: bool,
 }
 
+/// The writer's state behind its lock: the writer's thread applies each
+/// batch it takes from the queue under it, and a request task may take it
+/// to apply its own append (see [`Writer::apply_here`]). `None` once the
+/// writer has ended.
+pub(crate) type WriterCell = Mutex<Option<Writer>>;
+
+/// Locks the writer's state. A panic while it was held (a request task
+/// applying its own append) may have left part of a write in the engine
+/// and the counters behind it, so the writer takes no more writes until
+/// the store is opened again, as after a batch that failed part way.
+fn lock_writer(cell: &WriterCell) -> std::sync::MutexGuard<'_, Option<Writer>> {
+    cell.lock().unwrap_or_else(|poisoned| {
+        let mut guard = poisoned.into_inner();
+        if let Some(writer) = guard.as_mut() {
+            writer.torn = true;
+        }
+        guard
+    })
+}
+
 impl Writer {
-    /// Runs until the store closes: then applies what is queued, lets the
-    /// flusher flush one last time, and returns its outcome.
-    pub(crate) fn run(mut self) -> Result<(), StoreError> {
+    /// Runs the writer's thread until the store closes: then applies what
+    /// is queued, lets the flusher flush one last time, and returns its
+    /// outcome.
+    pub(crate) fn run(
+        cell: Arc<WriterCell>,
+        mut rx: mpsc::Receiver<Msg>,
+        shared: Arc<Shared>,
+        max_batch: usize,
+    ) -> Result<(), StoreError> {
         let mut queue_closed = false;
         loop {
-            if !queue_closed && self.shared.closing.load(Ordering::SeqCst) {
+            if !queue_closed && shared.closing.load(Ordering::SeqCst) {
                 // Refuses new sends; what is queued is still received.
-                self.rx.close();
+                rx.close();
                 queue_closed = true;
             }
-            let first = match self.rx.blocking_recv() {
+            let first = match rx.blocking_recv() {
                 Some(Msg::Write(request)) => request,
                 Some(Msg::Wake) => continue,
                 None => break,
             };
             let mut batch = vec![first];
-            while batch.len() < self.max_batch {
-                match self.rx.try_recv() {
+            while batch.len() < max_batch {
+                match rx.try_recv() {
                     Ok(Msg::Write(request)) => batch.push(request),
                     Ok(Msg::Wake) => {}
                     Err(_) => break,
                 }
             }
-            self.run_batch(batch);
+            match lock_writer(&cell).as_mut() {
+                Some(writer) => writer.run_batch(batch),
+                None => {
+                    for request in batch {
+                        let _ = request.ack.send(Err(StoreError::Closed));
+                    }
+                }
+            }
         }
+        let writer = lock_writer(&cell).take();
+        match writer {
+            Some(writer) => writer.finish(),
+            None => Ok(()),
+        }
+    }
+
+    /// Applies `request` on the calling thread, as a batch of its own,
+    /// when that spares the writer's thread a wake-up and costs nobody a
+    /// wait: the write only appends a turn (a few engine inserts into pages
+    /// the session's last turn touched: no transaction, no marker, nothing
+    /// for the commit hook), the writer is not applying a batch (the lock
+    /// is free) and, with relaxed durability, the blob files are not due a
+    /// sync. The batch then goes on as the writer's own would: to the
+    /// flusher, which acknowledges it after its flush, or with relaxed
+    /// durability acknowledged here, its outcome on its `ack` when this
+    /// returns. Gives the request back otherwise (`Some`), to be queued; the caller
+    /// checks that nothing is queued before it, so that a busy writer keeps
+    /// batching. The engine's inserts never wait for the disk unless its
+    /// log buffers are all being written out.
+    pub(crate) fn apply_here(cell: &WriterCell, request: Request) -> Option<Request> {
+        if append_only_session(&request.op).is_none() {
+            return Some(request);
+        }
+        // Held by the writer's thread or another request, or poisoned:
+        // the queue answers.
+        let Ok(mut guard) = cell.try_lock() else {
+            return Some(request);
+        };
+        match guard.as_mut() {
+            Some(writer) if writer.applies_here() => {
+                writer
+                    .shared
+                    .applied_by_caller
+                    .fetch_add(1, Ordering::Relaxed);
+                writer.run_batch(vec![request]);
+                None
+            }
+            _ => Some(request),
+        }
+    }
+
+    /// Whether [`Writer::apply_here`] may apply a write now.
+    fn applies_here(&self) -> bool {
+        match &self.handoff {
+            Handoff::Inline(flusher) => !self.torn && !flusher.blob_sync_due(),
+            Handoff::Thread { .. } => !self.torn,
+        }
+    }
+
+    /// Hands the last batch over, then waits for the last flush.
+    fn finish(self) -> Result<(), StoreError> {
         match self.handoff {
             Handoff::Thread { to, thread } => {
                 drop(to);
