@@ -268,7 +268,7 @@ pub struct EngineWrites {
     /// nodes too large for its log).
     pub blob_syncs: f64,
     /// Writes the request that made them applied itself, without waking
-    /// the store's writer thread.
+    /// the store's writer thread (relaxed durability).
     pub applied_by_caller: f64,
 }
 

@@ -165,8 +165,8 @@ pub struct StoreStats {
     /// flush does not sync (see `writer::blobs`).
     pub blob_syncs: u64,
     /// Writes applied by the task that made them, without a hand-off to
-    /// the writer's thread (an append finding the writer idle; counted in
-    /// `writes` too).
+    /// the writer's thread (relaxed durability, an append finding the
+    /// writer idle; counted in `writes` too).
     pub applied_by_caller: u64,
     /// The most writes in one batch.
     pub largest_batch: u64,

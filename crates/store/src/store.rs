@@ -25,9 +25,9 @@ use crate::writer::{
 
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
-/// calling thread; writes are queued to the one writer thread (an append
-/// that finds the writer idle is applied by the calling task, under the
-/// writer's lock).
+/// calling thread; writes are queued to the one writer thread (with
+/// relaxed durability, an append that finds the writer idle is applied by
+/// the calling task, under the writer's lock).
 ///
 /// Dropping the last handle closes the store as [`Store::close`] does.
 #[derive(Clone)]
@@ -201,12 +201,11 @@ impl Store {
     /// of growing memory.
     ///
     /// A write whose caller stops waiting after it was queued may still be
-    /// applied. A write that only appends a turn and finds the writer idle
-    /// and nothing queued is applied by the calling task itself, under the
-    /// writer's lock (a few inserts into the engine's cached pages, never a
-    /// flush), sparing the writer's thread a wake-up: with relaxed
-    /// durability the write is then acknowledged at once, without any
-    /// hand-off between threads.
+    /// applied. With relaxed durability, a write that only appends a turn
+    /// and finds the writer idle and nothing queued is applied by the
+    /// calling task itself, under the writer's lock (a few inserts into the
+    /// engine's cached pages, no flush), and acknowledged at once, without
+    /// any hand-off between threads.
     ///
     /// The rows of the write's new spans are encoded here, by the calling
     /// task, so that the one writer thread only checks and applies them; a

@@ -252,7 +252,7 @@ impl Collector for Scraped {
             ),
             (
                 "ctxbroker_store_writes_applied_by_caller",
-                "Writes applied by the request that made them, without waking the writer's thread.",
+                "Writes applied by the request that made them, without waking the writer's thread (relaxed durability).",
                 stats.applied_by_caller,
             ),
             (
