@@ -202,17 +202,21 @@ impl Store {
     ///
     /// A write whose caller stops waiting after it was queued may still be
     /// applied. With relaxed durability, a write that only appends a turn
-    /// and finds the writer idle and nothing queued is applied by the
-    /// calling task itself, under the writer's lock (a few inserts into the
-    /// engine's cached pages, no flush), and acknowledged at once, without
-    /// any hand-off between threads.
+    /// of at most [`ENCODE_INLINE_BYTES`] of new text and finds the writer
+    /// idle and nothing queued is applied by the calling task itself, under
+    /// the writer's lock (a few inserts into the engine's cached pages, no
+    /// flush), and acknowledged at once, without any hand-off between
+    /// threads. A larger turn goes to the writer's thread: the engine keeps
+    /// a value of more than about 128 KiB in a file of its own, which the
+    /// inserting thread creates.
     ///
     /// The rows of the write's new spans are encoded here, by the calling
     /// task, so that the one writer thread only checks and applies them; a
     /// change with more than [`ENCODE_INLINE_BYTES`] of new text is encoded
     /// on the blocking pool, off the async workers.
     pub async fn write(&self, op: WriteOp) -> Result<WriteAck, StoreError> {
-        let (op, encoded) = if Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES {
+        let small = Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES;
+        let (op, encoded) = if small {
             let encoded = Encoded::of(&op);
             (op, encoded)
         } else {
@@ -227,15 +231,22 @@ impl Store {
                 false => StoreError::Engine(format!("encoding the write's rows failed: {err}")),
             })?
         };
-        self.send(Op::Write(op), encoded).await
+        self.send(Op::Write(op), encoded, small).await
     }
 
     /// Queues anything the writer applies; see [`Store::write`].
     pub(crate) async fn submit(&self, op: Op) -> Result<WriteAck, StoreError> {
-        self.send(op, Encoded::default()).await
+        self.send(op, Encoded::default(), false).await
     }
 
-    async fn send(&self, op: Op, encoded: Encoded) -> Result<WriteAck, StoreError> {
+    /// Queues a write, or applies it here when `may_apply_here` and the
+    /// writer allows it (see [`Writer::apply_here`]).
+    async fn send(
+        &self,
+        op: Op,
+        encoded: Encoded,
+        may_apply_here: bool,
+    ) -> Result<WriteAck, StoreError> {
         if self.inner.shared.closing.load(Ordering::SeqCst) {
             return Err(StoreError::Closed);
         }
@@ -244,7 +255,7 @@ impl Store {
         // Nothing queued before it: a write waiting in the queue means a
         // busy writer, which batches better than a request on its own.
         let queue = &self.inner.queue;
-        if queue.capacity() == queue.max_capacity() {
+        if may_apply_here && queue.capacity() == queue.max_capacity() {
             match Writer::apply_here(&self.inner.writer_state, request) {
                 None => return outcome.await.map_err(|_| StoreError::Closed)?,
                 Some(back) => request = back,

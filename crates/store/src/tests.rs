@@ -453,6 +453,7 @@ async fn relaxed_durability_syncs_blob_files_every_half_second() {
     };
     let store = Store::open(dir.path(), options).unwrap();
     create(&store, "big").await;
+    writer_idle(&store).await;
     let big = big_span(1);
     store
         .write(write(
@@ -465,6 +466,9 @@ async fn relaxed_durability_syncs_blob_files_every_half_second() {
         .await
         .unwrap();
     assert!(std::fs::read_dir(dir.path().join("blobs")).unwrap().count() >= 1);
+    // A turn that large is applied on the writer's thread, which creates
+    // the engine's file, never by the request's task.
+    assert_eq!(store.stats().applied_by_caller, 0);
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     store
         .write(write(

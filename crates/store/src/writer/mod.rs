@@ -330,7 +330,8 @@ impl Writer {
     /// appends a turn (a few engine inserts into pages the session's last
     /// turn touched: no transaction, no marker, nothing for the commit
     /// hook), the writer is not applying a batch (the lock is free) and the
-    /// blob files are not due a sync. Its outcome is on its `ack` when this
+    /// blob files are not due a sync. (The caller offers only turns small
+    /// enough to be encoded on its task: see `Store::write`.) Its outcome is on its `ack` when this
     /// returns. Gives the request back otherwise (`Some`), to be queued;
     /// the caller checks that nothing is queued before it, so that a busy
     /// writer keeps batching. The engine's inserts never wait for the disk
