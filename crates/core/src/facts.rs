@@ -1002,4 +1002,44 @@ mod tests {
         let facts = session.facts().expect("derived afresh");
         assert_eq!(facts.canonical(), LiveFacts::of(&session.spans).canonical());
     }
+
+    /// A span's terms are its words, lower-cased, in the order of their
+    /// first appearance, each with the number of its occurrences, and its
+    /// length counts every word, whatever the case or script of the
+    /// repeats and however many distinct words it has (past 16, a term's
+    /// place is found by a map instead of a scan).
+    #[test]
+    fn terms_are_the_words_by_first_appearance_with_their_counts() {
+        let mut rng = Rng(0x5eed_cafe_f00d_0004);
+        for case in 0..400 {
+            let mut text = text(&mut rng);
+            if case % 2 == 0 {
+                // Repeats of the same words, as tool output has, and more
+                // distinct words than a scan is used for.
+                let numbered: Vec<String> = (0..rng.index(40)).map(|k| format!("w{k}")).collect();
+                text = format!(
+                    "{text}\n{text} {} {}",
+                    text.to_uppercase(),
+                    numbered.join(" ")
+                );
+            }
+            let span = crate::testing::admitted(1, 1, Role::Tool, &text);
+            let facts = LiveFacts::of(std::slice::from_ref(&span));
+            let derived = &facts.spans[0];
+            let got: Vec<(String, u32)> = derived
+                .terms()
+                .iter()
+                .map(|&(id, n)| (facts.words.names[id as usize].to_string(), n))
+                .collect();
+            let mut want: Vec<(String, u32)> = Vec::new();
+            let length = for_each_counted_word(&text, |word| {
+                match want.iter_mut().find(|(w, _)| w == word) {
+                    Some((_, n)) => *n += 1,
+                    None => want.push((word.to_owned(), 1)),
+                }
+            });
+            assert_eq!(got, want, "{text:?}");
+            assert_eq!(derived.words, length, "{text:?}");
+        }
+    }
 }
