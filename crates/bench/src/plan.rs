@@ -149,6 +149,12 @@ struct Row {
 fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failure> {
     warm_up(TokenizerKind::O200kBase);
     let c = counter(TokenizerKind::O200kBase);
+    let tools = tool_outputs(TOOL_OUTPUTS, c);
+    let bytes: usize = tools.spans.iter().map(|s| s.text.len()).sum();
+    eprintln!(
+        "{TOOL_OUTPUTS} tool outputs ({bytes} bytes of text): Session::new and the facts of every span in {:.2} ms, median of {repeats}",
+        ms(loading(&tools, repeats)?)
+    );
     let mut rows: Vec<Row> = Vec::new();
     for &n in sizes {
         let built = Instant::now();
@@ -161,25 +167,9 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
             session.record.config.window_tokens,
             built.elapsed()
         );
-        // Loading: a session made from the store's spans, and the facts
-        // of every span, which it derives when a compaction first needs
-        // them (a reloaded session's first compaction pays this); the
-        // copies are made outside the clock.
-        let mut load = Vec::with_capacity(repeats);
-        for _ in 0..repeats {
-            let (record, spans) = (session.record.clone(), session.spans.clone());
-            let started = Instant::now();
-            let loaded = Session::new(record, spans);
-            let described = loaded.facts().is_some();
-            load.push(started.elapsed());
-            if !described {
-                return Err("the facts derived do not describe the session's spans".into());
-            }
-            drop(loaded);
-        }
         eprintln!(
             "{n} spans: Session::new and the facts of every span in {:.2} ms, median of {repeats}",
-            ms(median(load))
+            ms(loading(&session, repeats)?)
         );
         let row = measure(&session, &incoming, repeats, c)?;
         rows.push(row);
@@ -544,6 +534,57 @@ fn text(rng: &mut Rng, role: Role, turn: u64, constraint: bool) -> String {
             ),
         },
     }
+}
+
+/// Loading: a session made from the store's spans, and the facts of every
+/// span, which it derives when a compaction first needs them (a reloaded
+/// session's first compaction pays this); the median of `repeats`, the
+/// copies made outside the clock.
+fn loading(session: &Session, repeats: usize) -> Result<Duration, Failure> {
+    let mut load = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let (record, spans) = (session.record.clone(), session.spans.clone());
+        let started = Instant::now();
+        let loaded = Session::new(record, spans);
+        let described = loaded.facts().is_some();
+        load.push(started.elapsed());
+        if !described {
+            return Err("the facts derived do not describe the session's spans".into());
+        }
+    }
+    Ok(median(load))
+}
+
+/// The tool outputs of the session [`tool_outputs`] makes.
+const TOOL_OUTPUTS: usize = 200;
+
+/// A session of `n` tool outputs of about 32 KB each (compiler
+/// warnings, log lines, test results, stack frames, prose: the admit
+/// benchmark's lines), the kind of span a long agent session holds most
+/// of its text in.
+fn tool_outputs(n: usize, c: &dyn TokenCounter) -> Session {
+    let mut rng = Rng::new(0x7001_7001);
+    let spans: Vec<Span> = (0..n)
+        .map(|k| {
+            let mut text = String::new();
+            let mut line = 0;
+            while text.len() < 32_000 {
+                text.push_str(&crate::admit::workload::tool_line(k, line, &mut rng));
+                line += 1;
+            }
+            admitted(k as u64 + 1, k as u64 + 1, Role::Tool, text, c)
+        })
+        .collect();
+    let mut record = SessionRecord::new(
+        "bench-tools",
+        SessionConfig::with_window(10_000_000),
+        NOW_MS - 3_600_000,
+    );
+    record.next_span_id = n as u64 + 1;
+    record.turns = n as u64;
+    record.live_spans = n as u64;
+    record.live_tokens = spans.iter().map(|s| u64::from(s.tokens)).sum();
+    Session::new(record, spans)
 }
 
 /// A span as the daemon would have admitted it: counted with `c`, user

@@ -47,7 +47,7 @@ mod flat;
 mod load;
 mod redis;
 pub mod split;
-mod workload;
+pub(crate) mod workload;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -275,7 +275,9 @@ fn sentence(rng: &mut Rng) -> String {
     out
 }
 
-fn tool_line(n: usize, line: usize, rng: &mut Rng) -> String {
+/// One line of tool output `n`: a compiler warning, a log line, a test
+/// result, a stack frame or a sentence.
+pub(crate) fn tool_line(n: usize, line: usize, rng: &mut Rng) -> String {
     let module = rng.pick(&MODULES);
     match rng.below(5) {
         0 => format!(
