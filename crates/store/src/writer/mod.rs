@@ -308,13 +308,9 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            match lock_writer(&cell).as_mut() {
-                Some(writer) => writer.run_batch(batch),
-                None => {
-                    for request in batch {
-                        let _ = request.ack.send(Err(StoreError::Closed));
-                    }
-                }
+            // Only this thread takes the state, after the loop.
+            if let Some(writer) = lock_writer(&cell).as_mut() {
+                writer.run_batch(batch);
             }
         }
         let writer = lock_writer(&cell).take();
@@ -331,10 +327,10 @@ impl Writer {
     /// turn touched: no transaction, no marker, nothing for the commit
     /// hook), the writer is not applying a batch (the lock is free) and the
     /// blob files are not due a sync. (The caller offers only turns small
-    /// enough to be encoded on its task: see `Store::write`.) Its outcome is on its `ack` when this
-    /// returns. Gives the request back otherwise (`Some`), to be queued;
-    /// the caller checks that nothing is queued before it, so that a busy
-    /// writer keeps batching. The engine's inserts never wait for the disk
+    /// enough to be encoded on its task: see `Store::write`.) Its outcome
+    /// is on its `ack` when this returns. Gives the request back otherwise
+    /// (`Some`), to be queued; the caller checks that nothing is queued
+    /// before it, so that a busy writer keeps batching. The engine's inserts never wait for the disk
     /// unless its log buffers are all being written out.
     pub(crate) fn apply_here(cell: &WriterCell, request: Request) -> Option<Request> {
         if append_only_session(&request.op).is_none() {
@@ -413,7 +409,7 @@ impl Writer {
         let mut appended = std::collections::HashSet::new();
         for request in batch {
             let mut effects = Effects::default();
-            let appends_to = append_only_session(&request.op);
+            let appends_to = append_only_session(&request.op).map(str::to_owned);
             stage.use_encoded(request.encoded);
             match apply(&mut stage, request.op, next_seq, &mut effects) {
                 Ok(ack) => {
@@ -560,7 +556,7 @@ type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 /// compaction: new spans, each at the position of its id, their pins and
 /// idempotency keys, and the session's record), or `None` for any other
 /// write.
-fn append_only_session(op: &Op) -> Option<String> {
+fn append_only_session(op: &Op) -> Option<&str> {
     match op {
         Op::Write(WriteOp::Change { change, .. })
             if change.marker.is_none()
@@ -570,7 +566,7 @@ fn append_only_session(op: &Op) -> Option<String> {
                 && !change.append.is_empty()
                 && change.append.iter().all(|span| span.position == span.id) =>
         {
-            Some(change.record.id.clone())
+            Some(&change.record.id)
         }
         _ => None,
     }
