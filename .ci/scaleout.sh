@@ -13,7 +13,9 @@ if [ ! -x "$venv/bin/python" ]; then
   exit 1
 fi
 PATH=$PATH:/usr/sbin
-haproxy -v | head -1
+# sed reads the whole version text: `head` would leave haproxy writing into a
+# closed pipe, and pipefail makes its SIGPIPE fail the run.
+haproxy -v | sed -n 1p
 cargo build --bin ctxbrokerd
 (cd tests/scaleout && PATH=$venv/bin:$PATH ruff check --config "$root/clients/python/pyproject.toml" . ../../deploy/haproxy \
   && PATH=$venv/bin:$PATH ruff format --check --config "$root/clients/python/pyproject.toml" . ../../deploy/haproxy)
