@@ -9,9 +9,12 @@
 //! spans in [`LiveFacts`]: a plan then reads them instead of scanning the
 //! text of every live span again.
 //!
-//! Nothing here is stored: the facts are rebuilt from the spans whenever a
-//! session is constructed, and a reader that finds them out of step with
-//! the spans it is given derives what it needs from the text instead.
+//! The facts are rebuilt whenever a session is constructed: from each
+//! span's seed when the store kept one beside the span ([`seed`]: the
+//! span's words and anchors as byte ranges of its text, written when the
+//! span was admitted), else from the text. A reader that finds them out of
+//! step with the spans it is given derives what it needs from the text
+//! instead.
 //!
 //! # What is kept
 //!
@@ -39,6 +42,9 @@ use crate::fasthash::{self, FastMap};
 use crate::relevance::{self, for_each_counted_word};
 use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{OwedAnchors, anchor_ranges, required_anchors};
+
+mod seed;
+pub use seed::{SEED_RULES, seed};
 
 /// What is derived once from one live span.
 #[derive(Clone, PartialEq, Eq)]
@@ -229,11 +235,19 @@ impl fmt::Debug for LiveFacts {
 impl LiveFacts {
     /// The facts of `spans`, derived from their text.
     pub fn of(spans: &[Span]) -> LiveFacts {
+        LiveFacts::of_seeded(spans, &[])
+    }
+
+    /// The facts of `spans`, each read from its seed (`seeds[k]` for
+    /// `spans[k]`, see [`seed`]) where it has one that fits its text,
+    /// else derived from its text.
+    pub fn of_seeded(spans: &[Span], seeds: &[Option<Box<[u8]>>]) -> LiveFacts {
         let mut facts = LiveFacts::default();
         facts.spans.reserve(spans.len());
         facts.rows.reserve(spans.len());
-        for s in spans {
-            let f = facts.derive(s);
+        for (k, s) in spans.iter().enumerate() {
+            let seed = seeds.get(k).and_then(Option::as_deref);
+            let f = facts.derive_from(s, seed);
             facts.spans.push(f);
             facts.rows.push(LiveRow::of(s));
         }
@@ -361,6 +375,44 @@ impl LiveFacts {
         }
     }
 
+    /// The facts of `span`, read from `seed` when it has one that fits
+    /// its text, else derived from the text; counted in the totals.
+    fn derive_from(&mut self, span: &Span, seed: Option<&[u8]>) -> SpanFacts {
+        match seed.and_then(|seed| seed::read(seed, span)) {
+            Some(read) => self.derive_read(span, read),
+            None => self.derive(span),
+        }
+    }
+
+    /// The facts of `span` from its seed, read: what [`LiveFacts::derive`]
+    /// finds in the text, without reading it again.
+    fn derive_read(&mut self, span: &Span, read: seed::Read) -> SpanFacts {
+        let mut data: Vec<(u32, u32)> = Vec::with_capacity(read.terms.len() + read.anchors.len());
+        let mut from = 0;
+        for &(end, count) in &read.terms {
+            let id = self
+                .words
+                .intern(read.names.get(from..end).unwrap_or_default());
+            from = end;
+            data.push((id, count));
+            if let Some(df) = self.words.df.get_mut(id as usize) {
+                *df = df.saturating_add(1);
+            }
+        }
+        self.total_words += u64::from(read.words);
+        let terms = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        data.extend(read.anchors);
+        self.data_pairs += data.len();
+        SpanFacts {
+            id: span.id,
+            text_len: span.text.len(),
+            words: read.words,
+            terms,
+            data: data.into_boxed_slice(),
+            anchors_in_text: false,
+        }
+    }
+
     /// Takes a span's facts out of the totals.
     fn forget(words: &mut Words, total_words: &mut u64, data_pairs: &mut usize, f: &SpanFacts) {
         *total_words = total_words.saturating_sub(u64::from(f.words));
@@ -370,16 +422,18 @@ impl LiveFacts {
         }
     }
 
-    /// Span `span` joins the live context at index `at`.
-    pub(crate) fn insert(&mut self, at: usize, span: &Span) {
-        let f = self.derive(span);
+    /// Span `span` joins the live context at index `at`, with its seed
+    /// when it has one.
+    pub(crate) fn insert(&mut self, at: usize, span: &Span, seed: Option<&[u8]>) {
+        let f = self.derive_from(span, seed);
         self.spans.insert(at.min(self.spans.len()), f);
         self.rows.insert(at.min(self.rows.len()), LiveRow::of(span));
     }
 
-    /// Span `span` joins the live context at its end.
-    pub(crate) fn push(&mut self, span: &Span) {
-        let f = self.derive(span);
+    /// Span `span` joins the live context at its end, with its seed when
+    /// it has one.
+    pub(crate) fn push(&mut self, span: &Span, seed: Option<&[u8]>) {
+        let f = self.derive_from(span, seed);
         self.spans.push(f);
         self.rows.push(LiveRow::of(span));
     }
@@ -867,6 +921,95 @@ mod tests {
             session.apply(&change);
             check(&session, &mut rng, step as usize);
         }
+    }
+
+    /// The seeds of a change's new spans, as the store keeps them.
+    fn seeds_of(change: &Change) -> Vec<(SpanId, Vec<u8>)> {
+        change
+            .summary
+            .iter()
+            .chain(&change.append)
+            .filter_map(|s| Some((s.id, seed(s)?)))
+            .collect()
+    }
+
+    /// A session loaded with its spans' seeds reads its facts from them:
+    /// through turns that fit, evictions and rewrites applied before the
+    /// facts are derived, and through compactions after, the facts equal
+    /// those derived from the text. A span's seed is read rather than its
+    /// text (a seed of another text that fits shows through), and a
+    /// rewritten span's text is read rather than its old seed.
+    #[test]
+    fn a_session_loaded_with_seeds_reads_its_facts_from_them() {
+        let mut rng = Rng(0x5eed_cafe_f00d_0004);
+        let mut built = Session::create("seeded", SessionConfig::with_window(2_500), 1);
+        for step in 0..30 {
+            if let Ok(change) = built.admit(vec![incoming(&mut rng)], 10 + step, &ByteLength) {
+                built.apply(&change);
+            }
+        }
+        let seeds: Vec<Option<Box<[u8]>>> = built
+            .spans
+            .iter()
+            .map(|s| seed(s).map(Vec::into_boxed_slice))
+            .collect();
+        let mut session = Session::with_seeds(built.record.clone(), built.spans.clone(), seeds);
+        assert!(session.seed_bytes() > 0);
+        let mut step = 100;
+        // Turns that fit, an eviction and a rewrite, before any derivation.
+        for _ in 0..3 {
+            step += 1;
+            let change = session
+                .admit(vec![incoming(&mut rng)], step, &ByteLength)
+                .expect("admitted");
+            session.apply_seeded(&change, &seeds_of(&change));
+        }
+        assert!(session.derived_facts().is_none() && session.spans.len() > 3);
+        let evict = vec![session.spans[1].id];
+        session.apply(&edit(&session, evict, Vec::new()));
+        retotal(&mut session);
+        let mut span = session.spans[2].clone();
+        span.text = "rewritten: Deploy to STAGING from /srv/app/release.tar".to_owned();
+        span.tokens = ByteLength.count(&span.text);
+        session.apply(&edit(&session, Vec::new(), vec![span]));
+        retotal(&mut session);
+        assert!(
+            session.derived_facts().is_none(),
+            "derived before any compaction"
+        );
+        assert!(session.seed_bytes() > 0);
+        check(&session, &mut rng, step as usize);
+        assert_eq!(
+            session.seed_bytes(),
+            0,
+            "seeds counted once the facts are derived"
+        );
+        for _ in 0..40 {
+            step += 1;
+            let change = session
+                .admit(vec![incoming(&mut rng)], step, &ByteLength)
+                .expect("admitted");
+            session.apply_seeded(&change, &seeds_of(&change));
+            check(&session, &mut rng, step as usize);
+        }
+        // A seed that fits its span but was made from another text is
+        // what the facts hold: the seed is read, not the text.
+        let mut spans = vec![crate::testing::admitted(1, 1, Role::User, "alpha beta")];
+        let other = crate::testing::admitted(1, 1, Role::User, "alpha alpha");
+        let seeds = vec![seed(&other).map(Vec::into_boxed_slice)];
+        let spoofed = Session::with_seeds(session.record.clone(), spans.clone(), seeds);
+        let read = spoofed.facts().expect("facts").canonical();
+        assert_eq!(read.spans[0].3, vec![("alpha".to_owned(), 2)]);
+        // Rewritten in place, the span's own text is read.
+        spans[0].text = "gamma beta".to_owned();
+        let mut rewritten = spoofed.clone();
+        let change = edit(&rewritten, Vec::new(), spans.clone());
+        rewritten.apply(&change);
+        let read = rewritten.facts().expect("facts").canonical();
+        assert_eq!(
+            read.spans[0].3,
+            vec![("gamma".to_owned(), 1), ("beta".to_owned(), 1)]
+        );
     }
 
     /// The rows a session keeps, through random admissions (hints not

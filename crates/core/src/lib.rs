@@ -25,6 +25,7 @@ pub mod summary;
 pub mod text;
 pub mod tokens;
 pub mod trigger;
+mod varint;
 pub mod verify;
 
 #[cfg(test)]

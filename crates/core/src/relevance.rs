@@ -223,8 +223,9 @@ fn for_each_word(text: &str, mut f: impl FnMut(usize, usize, bool)) {
 
 /// [`for_each_word`] for a text known to be ASCII: nothing to decode,
 /// every word is ASCII. The text is read 64 bytes at a time into a mask of
-/// its word bytes, and words are found where the mask changes.
-fn for_each_ascii_word(b: &[u8], mut f: impl FnMut(&[u8])) {
+/// its word bytes, and words are found where the mask changes. `f` gets
+/// each word and the offset it starts at.
+fn for_each_ascii_word(b: &[u8], mut f: impl FnMut(&[u8], usize)) {
     // The start of the word that runs into the current block.
     let mut open: Option<usize> = None;
     // Whether the byte before the block belongs to a word.
@@ -245,7 +246,7 @@ fn for_each_ascii_word(b: &[u8], mut f: impl FnMut(&[u8])) {
             if ends & bit != 0 {
                 ends &= !bit;
                 if let Some(start) = open.take() {
-                    f(&b[start..at.min(b.len())]);
+                    f(&b[start..at.min(b.len())], start);
                 }
             } else {
                 starts &= !bit;
@@ -254,7 +255,7 @@ fn for_each_ascii_word(b: &[u8], mut f: impl FnMut(&[u8])) {
         }
     }
     if let Some(start) = open {
-        f(&b[start..]);
+        f(&b[start..], start);
     }
 }
 
@@ -542,10 +543,16 @@ fn load32(b: &[u8], at: usize) -> u64 {
 /// lower-cased, in order, and returns how many words `text` has in all:
 /// its length, as BM25 measures it.
 pub(crate) fn for_each_counted_word(text: &str, mut f: impl FnMut(&str)) -> u32 {
+    for_each_counted_word_at(text, |w, _, _| f(w))
+}
+
+/// [`for_each_counted_word`], with the byte range of `text` each word
+/// was lower-cased from.
+pub(crate) fn for_each_counted_word_at(text: &str, mut f: impl FnMut(&str, usize, usize)) -> u32 {
     let mut len = 0u32;
     let mut buf = String::new();
     if text.is_ascii() {
-        for_each_ascii_word(text.as_bytes(), |w| {
+        for_each_ascii_word(text.as_bytes(), |w, start| {
             len = len.saturating_add(1);
             // Lower-casing ASCII keeps the length: shorter words never
             // count.
@@ -556,7 +563,7 @@ pub(crate) fn for_each_counted_word(text: &str, mut f: impl FnMut(&str)) -> u32 
                 buf.push_str(w);
                 buf.make_ascii_lowercase();
                 if counts(&buf) {
-                    f(&buf);
+                    f(&buf, start, start + w.len());
                 }
             }
         });
@@ -565,11 +572,23 @@ pub(crate) fn for_each_counted_word(text: &str, mut f: impl FnMut(&str)) -> u32 
             len = len.saturating_add(1);
             lower_into(&text[start..end], ascii, &mut buf);
             if counts(&buf) {
-                f(&buf);
+                f(&buf, start, end);
             }
         });
     }
     len
+}
+
+/// The word `for_each_counted_word_at` gave for the range `start..end` of
+/// `text`, lower-cased into `buf`; `false`, with `buf` unspecified, when
+/// the range is not one it could give (out of the text, off a character
+/// boundary, or a word similarity does not count).
+pub(crate) fn counted_word_in(text: &str, start: usize, end: usize, buf: &mut String) -> bool {
+    let Some(word) = text.get(start..end) else {
+        return false;
+    };
+    lower_into(word, word.is_ascii(), buf);
+    counts(buf)
 }
 
 /// The query's distinct words that similarity counts, lower-cased, in
@@ -630,7 +649,7 @@ fn similarity(spans: &[Span], query: &str) -> Vec<f64> {
             tf[t as usize] += 1;
         };
         if text.is_ascii() {
-            for_each_ascii_word(text.as_bytes(), |w| {
+            for_each_ascii_word(text.as_bytes(), |w, _| {
                 len = len.saturating_add(1);
                 if let Some(t) = terms.find(w, true) {
                     count(t);
@@ -966,7 +985,8 @@ mod tests {
             let mut general = Vec::new();
             for_each_word(text, |s, e, _| general.push(text[s..e].to_owned()));
             let mut fast = Vec::new();
-            for_each_ascii_word(text.as_bytes(), |w| {
+            for_each_ascii_word(text.as_bytes(), |w, start| {
+                assert_eq!(text.as_bytes().get(start..start + w.len()), Some(w));
                 fast.push(String::from_utf8_lossy(w).into_owned())
             });
             assert_eq!(fast, general, "{text:?}");

@@ -10,13 +10,14 @@
 //! then the bits, most significant first, padded with zeros to a byte.
 
 use super::{TERM_KEYS, TermVector};
+use crate::varint;
 
 /// Encodes a well-formed vector.
 pub fn encode(vector: &TermVector) -> Vec<u8> {
     let n = vector.entries.len();
     let mut out = Vec::with_capacity(8 + n * 2 + n / 4);
-    varint(&mut out, u64::from(vector.length));
-    varint(&mut out, n as u64);
+    varint::put(&mut out, u64::from(vector.length));
+    varint::put(&mut out, n as u64);
     let k = rice_parameter(n);
     out.push(k);
     let mut bits = BitWriter {
@@ -88,8 +89,8 @@ pub fn frequencies(bytes: &[u8], keys: &[u32]) -> Result<(u32, Vec<u32>), String
 /// A stream read to its end must end exactly at its last byte.
 fn walk(bytes: &[u8], mut visit: impl FnMut(u32, u32) -> bool) -> Result<u32, String> {
     let mut at = 0;
-    let length = read_varint(bytes, &mut at).ok_or("a truncated length")?;
-    let n = read_varint(bytes, &mut at).ok_or("a truncated entry count")?;
+    let length = varint::get(bytes, &mut at).ok_or("a truncated length")?;
+    let n = varint::get(bytes, &mut at).ok_or("a truncated entry count")?;
     let length = u32::try_from(length).map_err(|_| format!("a length of {length}"))?;
     if n > u64::from(TERM_KEYS) {
         return Err(format!("{n} entries, more than there are keys"));
@@ -144,27 +145,6 @@ fn walk(bytes: &[u8], mut visit: impl FnMut(u32, u32) -> bool) -> Result<u32, St
 fn rice_parameter(n: usize) -> u8 {
     let mean_gap = TERM_KEYS as usize / (n + 1);
     (usize::BITS - 1).saturating_sub(mean_gap.max(1).leading_zeros()) as u8
-}
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn read_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *bytes.get(*at)?;
-        *at += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b < 0x80 {
-            return Some(v);
-        }
-    }
-    None
 }
 
 struct BitWriter {

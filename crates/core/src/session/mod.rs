@@ -56,6 +56,10 @@ pub struct Session {
     /// the session is first asked for it (a session loaded to admit turns
     /// that fit never derives it), then kept up to date by `apply`.
     facts: OnceLock<LiveFacts>,
+    /// The spans' seeds the store kept (see [`crate::facts::seed`]), by
+    /// index, until the facts are derived from them: empty once they are,
+    /// or when the session was built without seeds.
+    seeds: Vec<Option<Box<[u8]>>>,
 }
 
 /// Sessions are equal when their records and spans are: the facts follow
@@ -170,10 +174,27 @@ impl Session {
     /// when first needed: a session loaded to admit turns that fit costs
     /// the reading of its spans alone.
     pub fn new(record: SessionRecord, spans: Vec<Span>) -> Session {
+        Session::with_seeds(record, spans, Vec::new())
+    }
+
+    /// [`Session::new`], with the seed the store kept of each span
+    /// (`seeds[k]` for `spans[k]`; ignored unless there is one entry per
+    /// span): the facts, when first needed, are read from them instead of
+    /// derived from the text.
+    pub fn with_seeds(
+        record: SessionRecord,
+        spans: Vec<Span>,
+        seeds: Vec<Option<Box<[u8]>>>,
+    ) -> Session {
+        let seeds = match seeds.len() == spans.len() {
+            true => seeds,
+            false => Vec::new(),
+        };
         Session {
             record,
             spans,
             facts: OnceLock::new(),
+            seeds,
         }
     }
 
@@ -183,14 +204,33 @@ impl Session {
             record: SessionRecord::new(id, config, now_ms),
             spans: Vec::new(),
             facts: OnceLock::from(LiveFacts::default()),
+            seeds: Vec::new(),
         }
     }
 
     /// What the session derived from its live spans, derived now if it was
     /// not yet, when it still describes them (see [`Session`]).
     pub fn facts(&self) -> Option<&LiveFacts> {
-        Some(self.facts.get_or_init(|| LiveFacts::of(&self.spans)))
-            .filter(|f| f.describes(&self.spans))
+        Some(
+            self.facts
+                .get_or_init(|| LiveFacts::of_seeded(&self.spans, self.pending_seeds())),
+        )
+        .filter(|f| f.describes(&self.spans))
+    }
+
+    /// The seeds the facts are to be read from, one per span; none once
+    /// the facts are derived, or when they are out of step.
+    fn pending_seeds(&self) -> &[Option<Box<[u8]>>] {
+        match self.facts.get().is_none() && self.seeds.len() == self.spans.len() {
+            true => &self.seeds,
+            false => &[],
+        }
+    }
+
+    /// The bytes the seeds held for facts not yet derived take, about.
+    pub fn seed_bytes(&self) -> usize {
+        let seeds = self.pending_seeds();
+        std::mem::size_of_val(seeds) + seeds.iter().flatten().map(|s| s.len()).sum::<usize>()
     }
 
     /// The facts as far as they were derived: `None` when nothing asked
@@ -206,14 +246,36 @@ impl Session {
     /// Costs what the change touches, not the size of the live context,
     /// when nothing is evicted.
     pub fn apply(&mut self, change: &Change) {
+        self.apply_seeded(change, &[]);
+    }
+
+    /// [`Session::apply`], with the seeds of the change's new spans (its
+    /// summary and appended spans) by span id, as the store kept them: the
+    /// facts of those spans are read from them rather than derived again.
+    pub fn apply_seeded(&mut self, change: &Change, seeds: &[(SpanId, Vec<u8>)]) {
+        let seed_of = |id: SpanId| {
+            seeds
+                .iter()
+                .find(|(of, _)| *of == id)
+                .map(|(_, seed)| seed.as_slice())
+        };
         self.record = change.record.clone();
-        // Facts not derived yet stay so. Facts out of step with the spans
-        // (which only a change of `spans` outside this method makes) are
-        // dropped at the end, to be derived afresh when next needed; the
-        // check costs nothing per span, so that a change that evicts
-        // nothing still costs only what it touches.
+        if self.facts.get().is_some() {
+            // Derived: the seeds were read, or are out of step.
+            self.seeds = Vec::new();
+        }
+        // Facts not derived yet stay so, and the seeds they will be read
+        // from follow the spans. Facts out of step with the spans (which
+        // only a change of `spans` outside this method makes) are dropped
+        // at the end, to be derived afresh when next needed; the check
+        // costs nothing per span, so that a change that evicts nothing
+        // still costs only what it touches.
         let spans_before = self.spans.len();
         let mut facts = self.facts.get_mut().filter(|f| f.len() == spans_before);
+        let mut pending = match facts.is_none() && self.seeds.len() == spans_before {
+            true => Some(std::mem::take(&mut self.seeds)),
+            false => None,
+        };
         if !change.evict.is_empty() {
             let evicted = IdSet::of(&change.evict);
             let keep: Vec<bool> = self.spans.iter().map(|s| !evicted.contains(s.id)).collect();
@@ -224,6 +286,13 @@ impl Session {
             });
             if let Some(facts) = facts.as_deref_mut() {
                 facts.retain(&keep);
+            }
+            if let Some(pending) = pending.as_mut() {
+                let mut k = 0;
+                pending.retain(|_| {
+                    k += 1;
+                    keep[k - 1]
+                });
             }
         }
         if !change.replace.is_empty() {
@@ -238,6 +307,10 @@ impl Session {
                     if let Some(facts) = facts.as_deref_mut() {
                         facts.replace(i, span);
                     }
+                    // A rewritten text has no seed: derived from it.
+                    if let Some(slot) = pending.as_mut().and_then(|p| p.get_mut(i)) {
+                        *slot = None;
+                    }
                 }
             }
         }
@@ -247,16 +320,23 @@ impl Session {
                 .partition_point(|s| s.position < summary.position);
             self.spans.insert(at, summary.clone());
             if let Some(facts) = facts.as_deref_mut() {
-                facts.insert(at, summary);
+                facts.insert(at, summary, seed_of(summary.id));
+            }
+            if let Some(pending) = pending.as_mut() {
+                pending.insert(at.min(pending.len()), seed_of(summary.id).map(Box::from));
             }
         }
         self.spans.extend(change.append.iter().cloned());
         if let Some(facts) = facts {
             for span in &change.append {
-                facts.push(span);
+                facts.push(span, seed_of(span.id));
             }
         } else if self.facts.get().is_some() {
             self.facts = OnceLock::new();
+        }
+        if let Some(mut pending) = pending {
+            pending.extend(change.append.iter().map(|s| seed_of(s.id).map(Box::from)));
+            self.seeds = pending;
         }
     }
 
