@@ -59,7 +59,63 @@ pub struct Session {
     /// The spans' seeds the store kept (see [`crate::facts::seed`]), by
     /// index, until the facts are derived from them: empty once they are,
     /// or when the session was built without seeds.
-    seeds: Vec<Option<Box<[u8]>>>,
+    seeds: Seeds,
+}
+
+/// The seeds of a session's spans, by index, with the bytes they hold,
+/// kept as they come and go.
+#[derive(Debug, Clone, Default)]
+struct Seeds {
+    by_index: Vec<Option<Box<[u8]>>>,
+    bytes: usize,
+}
+
+impl Seeds {
+    fn of(by_index: Vec<Option<Box<[u8]>>>) -> Seeds {
+        let bytes = by_index.iter().flatten().map(|s| s.len()).sum();
+        Seeds { by_index, bytes }
+    }
+
+    fn len(&self) -> usize {
+        self.by_index.len()
+    }
+
+    fn held(seed: &Option<Box<[u8]>>) -> usize {
+        seed.as_ref().map_or(0, |s| s.len())
+    }
+
+    /// Keeps the seeds for which `keep` (by index) is true.
+    fn retain(&mut self, keep: &[bool]) {
+        let mut k = 0;
+        let mut dropped = 0;
+        self.by_index.retain(|seed| {
+            let kept = keep.get(k).copied().unwrap_or(true);
+            k += 1;
+            if !kept {
+                dropped += Seeds::held(seed);
+            }
+            kept
+        });
+        self.bytes = self.bytes.saturating_sub(dropped);
+    }
+
+    /// The span at `at` has no seed any more.
+    fn clear(&mut self, at: usize) {
+        if let Some(slot) = self.by_index.get_mut(at) {
+            self.bytes = self.bytes.saturating_sub(Seeds::held(slot));
+            *slot = None;
+        }
+    }
+
+    fn insert(&mut self, at: usize, seed: Option<&[u8]>) {
+        self.bytes += seed.map_or(0, <[u8]>::len);
+        self.by_index
+            .insert(at.min(self.by_index.len()), seed.map(Box::from));
+    }
+
+    fn push(&mut self, seed: Option<&[u8]>) {
+        self.insert(self.by_index.len(), seed);
+    }
 }
 
 /// Sessions are equal when their records and spans are: the facts follow
@@ -187,8 +243,8 @@ impl Session {
         seeds: Vec<Option<Box<[u8]>>>,
     ) -> Session {
         let seeds = match seeds.len() == spans.len() {
-            true => seeds,
-            false => Vec::new(),
+            true => Seeds::of(seeds),
+            false => Seeds::default(),
         };
         Session {
             record,
@@ -204,7 +260,7 @@ impl Session {
             record: SessionRecord::new(id, config, now_ms),
             spans: Vec::new(),
             facts: OnceLock::from(LiveFacts::default()),
-            seeds: Vec::new(),
+            seeds: Seeds::default(),
         }
     }
 
@@ -222,15 +278,32 @@ impl Session {
     /// the facts are derived, or when they are out of step.
     fn pending_seeds(&self) -> &[Option<Box<[u8]>>] {
         match self.facts.get().is_none() && self.seeds.len() == self.spans.len() {
-            true => &self.seeds,
+            true => &self.seeds.by_index,
             false => &[],
         }
     }
 
-    /// The bytes the seeds held for facts not yet derived take, about.
+    /// The bytes the seeds held for facts not yet derived take, about:
+    /// kept as they come and go, so it costs nothing per span.
     pub fn seed_bytes(&self) -> usize {
         let seeds = self.pending_seeds();
-        std::mem::size_of_val(seeds) + seeds.iter().flatten().map(|s| s.len()).sum::<usize>()
+        match seeds.is_empty() {
+            true => 0,
+            false => std::mem::size_of_val(seeds) + self.seeds.bytes,
+        }
+    }
+
+    /// [`Session::seed_bytes`] counted afresh, seed by seed.
+    #[cfg(test)]
+    pub(crate) fn seed_bytes_recounted(&self) -> usize {
+        let seeds = self.pending_seeds();
+        match seeds.is_empty() {
+            true => 0,
+            false => {
+                std::mem::size_of_val(seeds)
+                    + seeds.iter().flatten().map(|s| s.len()).sum::<usize>()
+            }
+        }
     }
 
     /// The facts as far as they were derived: `None` when nothing asked
@@ -262,7 +335,7 @@ impl Session {
         self.record = change.record.clone();
         if self.facts.get().is_some() {
             // Derived: the seeds were read, or are out of step.
-            self.seeds = Vec::new();
+            self.seeds = Seeds::default();
         }
         // Facts not derived yet stay so, and the seeds they will be read
         // from follow the spans. Facts out of step with the spans (which
@@ -288,11 +361,7 @@ impl Session {
                 facts.retain(&keep);
             }
             if let Some(pending) = pending.as_mut() {
-                let mut k = 0;
-                pending.retain(|_| {
-                    k += 1;
-                    keep[k - 1]
-                });
+                pending.retain(&keep);
             }
         }
         if !change.replace.is_empty() {
@@ -308,8 +377,8 @@ impl Session {
                         facts.replace(i, span);
                     }
                     // A rewritten text has no seed: derived from it.
-                    if let Some(slot) = pending.as_mut().and_then(|p| p.get_mut(i)) {
-                        *slot = None;
+                    if let Some(pending) = pending.as_mut() {
+                        pending.clear(i);
                     }
                 }
             }
@@ -323,7 +392,7 @@ impl Session {
                 facts.insert(at, summary, seed_of(summary.id));
             }
             if let Some(pending) = pending.as_mut() {
-                pending.insert(at.min(pending.len()), seed_of(summary.id).map(Box::from));
+                pending.insert(at, seed_of(summary.id));
             }
         }
         self.spans.extend(change.append.iter().cloned());
@@ -335,7 +404,9 @@ impl Session {
             self.facts = OnceLock::new();
         }
         if let Some(mut pending) = pending {
-            pending.extend(change.append.iter().map(|s| seed_of(s.id).map(Box::from)));
+            for span in &change.append {
+                pending.push(seed_of(span.id));
+            }
             self.seeds = pending;
         }
     }

@@ -963,6 +963,7 @@ mod tests {
                 .admit(vec![incoming(&mut rng)], step, &ByteLength)
                 .expect("admitted");
             session.apply_seeded(&change, &seeds_of(&change));
+            assert_eq!(session.seed_bytes(), session.seed_bytes_recounted());
         }
         assert!(session.derived_facts().is_none() && session.spans.len() > 3);
         let evict = vec![session.spans[1].id];
