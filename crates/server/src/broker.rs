@@ -234,8 +234,8 @@ impl Broker {
             change: change.clone(),
             keys,
         };
-        let ack = self.store.write(change_write).await?;
-        loaded.apply(change);
+        let (ack, seeds) = self.store.write_seeded(change_write).await?;
+        loaded.apply(change, &seeds);
         loaded.stale = false;
         self.quotas.settle(tenant, delta, hold);
         Ok(ack.marker_seq)

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::facts::LiveFacts;
 use ctxbroker_core::session::{Change, Retraction, Session, SessionRecord};
-use ctxbroker_core::span::Span;
+use ctxbroker_core::span::{Span, SpanId};
 use ctxbroker_core::trigger;
 use ctxbroker_store::Store;
 use prometheus_client::metrics::counter::Counter;
@@ -146,18 +146,19 @@ impl Loaded {
         self.keys = Some(KeyFilter::default());
     }
 
-    /// Adopts a change the store acknowledged (`Session::apply`). A change
-    /// that only appends spans updates the estimate by what it adds, so
-    /// that a turn that fits costs the size of the turn here too; any
-    /// other leaves the estimate to be made afresh.
-    pub fn apply(&mut self, change: &Change) {
+    /// Adopts a change the store acknowledged (`Session::apply_seeded`,
+    /// with the seeds of its new spans' facts the store returned). A
+    /// change that only appends spans updates the estimate by what it
+    /// adds, so that a turn that fits costs the size of the turn here too;
+    /// any other leaves the estimate to be made afresh.
+    pub fn apply(&mut self, change: &Change, seeds: &[(SpanId, Vec<u8>)]) {
         let appends_only =
             change.evict.is_empty() && change.replace.is_empty() && change.summary.is_none();
         let current = self
             .estimated
             .filter(|&(at, _)| at == self.session.record.revision && appends_only);
         let capacity = self.session.spans.capacity();
-        self.session.apply(change);
+        self.session.apply_seeded(change, seeds);
         self.estimated = current.map(|(_, bytes)| {
             let span = size_of::<Span>();
             let grown = heap(self.session.spans.capacity() * span) as u64;
@@ -477,7 +478,7 @@ fn spans_estimate(session: &Session) -> u64 {
 /// What the session derived from its spans for compaction, if it did:
 /// kept as the facts change, so it costs nothing per span.
 fn facts_estimate(session: &Session) -> u64 {
-    session.derived_facts().map_or(0, LiveFacts::heap_bytes) as u64
+    (session.derived_facts().map_or(0, LiveFacts::heap_bytes) + session.seed_bytes()) as u64
 }
 
 /// An estimate of the heap a session holds: its record and spans, and
@@ -847,9 +848,9 @@ async fn load_if(
         if !wanted(&record) {
             return Ok(Found::Skipped);
         }
-        let spans = store.live_spans(&id)?;
-        Ok(Found::Loaded(Box::new(Loaded::new(Session::new(
-            record, spans,
+        let (spans, seeds) = store.live_spans_seeded(&id)?;
+        Ok(Found::Loaded(Box::new(Loaded::new(Session::with_seeds(
+            record, spans, seeds,
         )))))
     })
     .await
@@ -969,41 +970,51 @@ mod tests {
     /// A session's estimate, kept by the changes applied to it, is the
     /// estimate made afresh: through turns that fit (added to the kept
     /// estimate) and compactions (estimated again).
-    #[test]
-    fn the_kept_estimate_is_the_estimate_made_afresh() {
-        use ctxbroker_core::SessionConfig;
+    /// Turn `turn` of the sessions below: one tool or assistant output
+    /// naming paths and error codes, of one to five lines.
+    fn output_turn(session: &Session, turn: u64) -> Vec<ctxbroker_core::session::Incoming> {
         use ctxbroker_core::span::Role;
         use ctxbroker_core::tokens::ByteLength;
 
         use crate::broker::TurnSpan;
 
+        let text = format!(
+            "turn {turn}: read src/module_{}.rs and found error E{:04} near line {}",
+            turn % 7,
+            turn * 13 % 10_000,
+            turn * 31
+        )
+        .repeat(1 + (turn % 5) as usize);
+        let span = TurnSpan {
+            role: if turn.is_multiple_of(2) {
+                Role::Tool
+            } else {
+                Role::Assistant
+            },
+            text,
+            token_count: None,
+            class: None,
+            predicate: None,
+            relevance_hint: None,
+            idempotency_key: String::new(),
+            attributes: None,
+        };
+        let tokens = span.tokens(session.record.config.tokenizer, &ByteLength);
+        vec![span.labelled(tokens)]
+    }
+
+    /// The estimate kept through turns that append (updated by what they
+    /// add) and compactions (estimated again).
+    #[test]
+    fn the_kept_estimate_is_the_estimate_made_afresh() {
+        use ctxbroker_core::SessionConfig;
+        use ctxbroker_core::tokens::ByteLength;
+
         let config = SessionConfig::with_window(4_000);
         let mut loaded = Loaded::new(Session::create("estimate", config, 1));
         let (mut appended, mut compacted) = (0, 0);
         for turn in 0..120u64 {
-            let text = format!(
-                "turn {turn}: read src/module_{}.rs and found error E{:04} near line {}",
-                turn % 7,
-                turn * 13 % 10_000,
-                turn * 31
-            )
-            .repeat(1 + (turn % 5) as usize);
-            let span = TurnSpan {
-                role: if turn % 2 == 0 {
-                    Role::Tool
-                } else {
-                    Role::Assistant
-                },
-                text,
-                token_count: None,
-                class: None,
-                predicate: None,
-                relevance_hint: None,
-                idempotency_key: String::new(),
-                attributes: None,
-            };
-            let tokens = span.tokens(loaded.session.record.config.tokenizer, &ByteLength);
-            let incoming = vec![span.labelled(tokens)];
+            let incoming = output_turn(&loaded.session, turn);
             let Ok(change) = loaded.session.admit(incoming, 10 + turn, &ByteLength) else {
                 continue;
             };
@@ -1013,7 +1024,7 @@ mod tests {
             } else {
                 compacted += 1;
             }
-            loaded.apply(&change);
+            loaded.apply(&change, &[]);
             let kept = loaded.bytes();
             assert_eq!(kept, estimate(&loaded.session), "turn {turn}");
         }
@@ -1021,6 +1032,58 @@ mod tests {
             appended >= 20 && compacted >= 3,
             "{appended} appended, {compacted} compacted"
         );
+    }
+
+    /// A session loaded from the store holds the seeds its spans' rows
+    /// carry, counted in its estimate until its facts are read from them,
+    /// and plans as the session that wrote them: relevance read from the
+    /// seeds is relevance derived from the text.
+    #[tokio::test]
+    async fn a_loaded_session_reads_its_facts_from_the_seeds_stored() {
+        use ctxbroker_core::SessionConfig;
+        use ctxbroker_core::tokens::ByteLength;
+        use ctxbroker_store::{StoreOptions, WriteOp};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let mut session = Session::create("seeded", SessionConfig::with_window(4_000), 1);
+        let record = session.record.clone();
+        store
+            .write(WriteOp::CreateSession { record })
+            .await
+            .unwrap();
+        let mut compacted = 0;
+        for turn in 0..60u64 {
+            let incoming = output_turn(&session, turn);
+            let Ok(change) = session.admit(incoming, 10 + turn, &ByteLength) else {
+                continue;
+            };
+            compacted += usize::from(change.summary.is_some());
+            let write = WriteOp::Change {
+                change: change.clone(),
+                keys: Vec::new(),
+            };
+            let (_, seeds) = store.write_seeded(write).await.unwrap();
+            assert_eq!(
+                seeds.len(),
+                change.append.len() + usize::from(change.summary.is_some())
+            );
+            session.apply_seeded(&change, &seeds);
+        }
+        assert!(compacted >= 2, "{compacted} compactions");
+        let mut loaded = load(&store, "seeded").await.unwrap().unwrap();
+        assert_eq!(loaded.session, session);
+        let seeds = loaded.session.seed_bytes();
+        assert!(seeds > 0);
+        // No facts derived yet: what they will be made from is counted.
+        assert!(loaded.session.derived_facts().is_none());
+        assert_eq!(facts_estimate(&loaded.session), seeds as u64);
+        assert_eq!(loaded.bytes(), estimate(&loaded.session));
+        let from_text = Session::new(session.record.clone(), session.spans.clone());
+        assert_eq!(loaded.session.relevance(), from_text.relevance());
+        assert!(loaded.session.derived_facts().is_some());
+        assert_eq!(loaded.session.seed_bytes(), 0);
+        store.close().unwrap();
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub use model::{
     SessionRecord, SpanState, StoreOptions, StoreStats, StoredSpan, WriteAck, WriteOp, text_bytes,
 };
 pub use search::{SearchHit, SearchPage, SearchQuery, SpanListing};
-pub use store::Store;
+pub use store::{LiveSeeded, Store};
 pub use transfer::{InvalidSnapshot, SessionExport, SessionImport, SnapshotPart};
 
 /// Whether the named fault is injected now. Only builds with the

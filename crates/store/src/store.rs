@@ -23,6 +23,10 @@ use crate::writer::{
     Encoded, EpochFile, Flusher, Handoff, Msg, Op, Request, Shared, Trees, Writer, WriterCell,
 };
 
+/// A session's live spans, in prompt order, with the seed of each span's
+/// facts its row carries (see [`Store::live_spans_seeded`]).
+pub type LiveSeeded = (Vec<Span>, Vec<Option<Box<[u8]>>>);
+
 /// A handle on an open store. Cheap to clone: every clone shares the same
 /// engine and the same writer. Reads go straight to the engine from the
 /// calling thread; writes are queued to the one writer thread (with
@@ -215,8 +219,19 @@ impl Store {
     /// change with more than [`ENCODE_INLINE_BYTES`] of new text is encoded
     /// on the blocking pool, off the async workers.
     pub async fn write(&self, op: WriteOp) -> Result<WriteAck, StoreError> {
+        self.write_seeded(op).await.map(|(ack, _)| ack)
+    }
+
+    /// [`Store::write`], returning with the acknowledgement the seeds of
+    /// the facts of the new spans it stored (a change's summary and
+    /// appended spans), by span id: what `Session::apply_seeded` reads
+    /// their facts from (see `ctxbroker_core::facts::seed`).
+    pub async fn write_seeded(
+        &self,
+        op: WriteOp,
+    ) -> Result<(WriteAck, Vec<(SpanId, Vec<u8>)>), StoreError> {
         let small = Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES;
-        let (op, encoded) = if small {
+        let (op, mut encoded) = if small {
             let encoded = Encoded::of(&op);
             (op, encoded)
         } else {
@@ -231,7 +246,9 @@ impl Store {
                 false => StoreError::Engine(format!("encoding the write's rows failed: {err}")),
             })?
         };
-        self.send(Op::Write(op), encoded, small).await
+        let seeds = encoded.take_seeds();
+        let ack = self.send(Op::Write(op), encoded, small).await?;
+        Ok((ack, seeds))
     }
 
     /// Queues anything the writer applies; see [`Store::write`].
@@ -365,17 +382,45 @@ impl Store {
     /// A session's live context, in prompt order (by position).
     pub fn live_spans(&self, id: &str) -> Result<Vec<Span>, StoreError> {
         self.reading("live_spans");
+        let mut spans = Vec::new();
+        self.scan_live(id, |key, value| {
+            spans.push(record::decode_span(key, value)?);
+            Ok(())
+        })?;
+        Ok(spans)
+    }
+
+    /// [`Store::live_spans`], with the seed of each span's facts its row
+    /// carries (`seeds[k]` for `spans[k]`): what `Session::with_seeds`
+    /// reads the facts from.
+    pub fn live_spans_seeded(&self, id: &str) -> Result<LiveSeeded, StoreError> {
+        self.reading("live_spans_seeded");
+        let (mut spans, mut seeds) = (Vec::new(), Vec::new());
+        self.scan_live(id, |key, value| {
+            let (span, seed) = record::decode_seeded_span(key, value)?;
+            spans.push(span);
+            seeds.push(seed.map(Vec::into_boxed_slice));
+            Ok(())
+        })?;
+        Ok((spans, seeds))
+    }
+
+    /// Calls `f` with the key and value of each of a session's live spans,
+    /// in position order, as of one moment.
+    fn scan_live(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         keys::check_session_id(id)?;
         let _snapshot = self.snapshot();
         self.require_session(id)?;
-        let mut spans = Vec::new();
         let tree = &self.inner.trees.spans;
         for entry in tree.scan_prefix(keys::session_prefix(id)) {
             let (key, value) = entry.map_err(StoreError::engine)?;
-            spans.push(record::decode_span(&key, &value)?);
+            f(&key, &value)?;
         }
-        count_walk(tree.scan_prefix(keys::session_prefix(id)))?;
-        Ok(spans)
+        count_walk(tree.scan_prefix(keys::session_prefix(id)))
     }
 
     /// How many stored sessions have an id starting with `prefix` (a

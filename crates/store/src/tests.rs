@@ -1436,3 +1436,56 @@ async fn rows_encoded_before_the_writer_equal_the_writers_own() {
     }
     assert_eq!(rows[0], rows[1]);
 }
+
+/// A change's new spans are stored with the seeds of their facts, which
+/// the write returns and a load reads back; a span rewritten in place is
+/// stored without one (its text changed), and so read.
+#[tokio::test]
+async fn new_spans_are_stored_with_the_seeds_of_their_facts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = with_session(dir.path(), "s").await;
+    let mut spans = vec![span(1), span(2), span(3)];
+    spans[1].text = "Deploy web-1 from /srv/app/release.tar; error E0308 again".into();
+    let (_, seeds) = store
+        .write_seeded(write(
+            Change {
+                append: spans.clone(),
+                ..change(1, record("s", 2, 4))
+            },
+            Vec::new(),
+        ))
+        .await
+        .unwrap();
+    let expected: Vec<(u64, Vec<u8>)> = spans
+        .iter()
+        .map(|s| (s.id, ctxbroker_core::facts::seed(s).unwrap()))
+        .collect();
+    assert_eq!(seeds, expected);
+    assert!(expected[1].1.len() > expected[0].1.len());
+    let (live, stored) = store.live_spans_seeded("s").unwrap();
+    assert_eq!(live, spans);
+    let boxed = |s: &Vec<u8>| Some(s.clone().into_boxed_slice());
+    assert_eq!(
+        stored,
+        expected.iter().map(|(_, s)| boxed(s)).collect::<Vec<_>>()
+    );
+    let mut rewritten = spans[1].clone();
+    rewritten.text = "compressed".into();
+    store
+        .write(write(
+            Change {
+                replace: vec![rewritten.clone()],
+                ..change(2, record("s", 3, 4))
+            },
+            Vec::new(),
+        ))
+        .await
+        .unwrap();
+    let (live, stored) = store.live_spans_seeded("s").unwrap();
+    assert_eq!(live[1], rewritten);
+    assert_eq!(
+        stored,
+        vec![boxed(&expected[0].1), None, boxed(&expected[2].1)]
+    );
+    assert_eq!(store.live_spans("s").unwrap(), live);
+}

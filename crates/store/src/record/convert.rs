@@ -233,6 +233,7 @@ pub(super) fn span_row(s: &Span) -> SpanRow {
         attributes: (s.attributes.as_deref())
             .map(|a| same_fields!(&a => AttributesRow [tool_call_id, tool_name, metadata])),
         terms: None,
+        facts: None,
     )
 }
 

@@ -161,9 +161,38 @@ pub(crate) fn span_terms(span: &Span) -> Vec<u8> {
 /// Encodes a live span for its key, with its packed term vector
 /// ([`span_terms`]).
 pub(crate) fn encode_span(key: &[u8], span: &Span, terms: Vec<u8>) -> Vec<u8> {
+    encode_seeded_span(key, span, terms, None)
+}
+
+/// [`encode_span`], with the seed of the span's facts when it has one
+/// (`ctxbroker_core::facts::seed`).
+pub(crate) fn encode_seeded_span(
+    key: &[u8],
+    span: &Span,
+    terms: Vec<u8>,
+    seed: Option<Vec<u8>>,
+) -> Vec<u8> {
     let mut row = span_row(span);
     row.terms = Some(terms);
+    row.facts = seed;
     seal(key, &row)
+}
+
+/// Decodes a live span found at `key` (session ‖ position) with the seed
+/// of its facts its row carries, if any.
+pub(crate) fn decode_seeded_span(
+    key: &[u8],
+    value: &[u8],
+) -> Result<(Span, Option<Vec<u8>>), StoreError> {
+    read(TreeId::Spans, key, value, |mut row: SpanRow| {
+        let seed = row.facts.take();
+        row.terms = None;
+        let span = span_from(row)?;
+        match keys::parse_session_number_key(key) {
+            Some((_, position)) if position == span.position => Ok((span, seed)),
+            _ => Err(format!("record holds position {}", span.position)),
+        }
+    })
 }
 
 /// Decodes a live span found at `key` (session ‖ position).

@@ -199,6 +199,15 @@ pub(crate) struct SpanRow {
     /// span's own row, which read as "derive it from the text".
     #[prost(bytes = "vec", optional, tag = "15")]
     pub(crate) terms: Option<Vec<u8>>,
+    /// The span's facts as a seed (see `ctxbroker_core::facts::seed`),
+    /// derived when the span was admitted, so that a session read back
+    /// takes its facts from here rather than from the text. Absent in rows
+    /// written before seeds, for a span rewritten in place and for a row
+    /// re-encoded from its span (an archived one, a migrated one): the
+    /// facts are then derived from the text. A seed written under other
+    /// rules is not read.
+    #[prost(bytes = "vec", optional, tag = "16")]
+    pub(crate) facts: Option<Vec<u8>>,
 }
 
 /// What search reads of a span's row: its id and term vector. Decoding

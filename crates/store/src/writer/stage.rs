@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use ctxbroker_core::facts;
 use ctxbroker_core::marker::Outcome;
 use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::{Marker, Span, SpanId};
@@ -33,10 +34,14 @@ pub(crate) struct Stage<'a> {
 /// largest work per span, and the writer is one thread for every session,
 /// while the tasks that queue writes run side by side. Each entry holds
 /// the span row's value, term vector included, made by the functions the
-/// writer uses; a span not found here is encoded by the writer.
+/// writer uses; a span not found here is encoded by the writer. The rows
+/// carry the seed of each span's facts (`ctxbroker_core::facts::seed`),
+/// which the caller also gets back, to derive the facts it keeps in
+/// memory from it rather than from the text again.
 #[derive(Debug, Default)]
 pub(crate) struct Encoded {
     rows: Vec<EncodedSpan>,
+    seeds: Vec<(SpanId, Vec<u8>)>,
 }
 
 #[derive(Debug)]
@@ -67,17 +72,27 @@ impl Encoded {
         if keys::check_session_id(session).is_err() {
             return Encoded::default();
         }
+        let mut seeds = Vec::new();
         let rows = new_spans(op)
             .map(|span| {
                 let key = keys::session_number_key(session, span.position);
+                let seed = facts::seed(span);
+                if let Some(seed) = &seed {
+                    seeds.push((span.id, seed.clone()));
+                }
                 EncodedSpan {
                     id: span.id,
                     position: span.position,
-                    span: record::encode_span(&key, span, record::span_terms(span)),
+                    span: record::encode_seeded_span(&key, span, record::span_terms(span), seed),
                 }
             })
             .collect();
-        Encoded { rows }
+        Encoded { rows, seeds }
+    }
+
+    /// The seeds of the new spans' facts, by span id, taken out.
+    pub(crate) fn take_seeds(&mut self) -> Vec<(SpanId, Vec<u8>)> {
+        std::mem::take(&mut self.seeds)
     }
 
     /// The text bytes the new spans of `op` hold.
@@ -282,7 +297,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
     }
     let value = match stage.encoded.take(span) {
         Some(row) => row.span,
-        None => record::encode_span(&key, span, record::span_terms(span)),
+        None => record::encode_seeded_span(&key, span, record::span_terms(span), facts::seed(span)),
     };
     stage.put(TreeId::Spans, key, value);
     if span.classification.class == SpanClass::Constraint {
