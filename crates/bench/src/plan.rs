@@ -25,12 +25,14 @@
 //! when a session is loaded (`Session::new` over the stored spans) is
 //! printed with each size.
 
+use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ctxbroker_core::classify;
 use ctxbroker_core::config::{SessionConfig, TokenizerKind};
+use ctxbroker_core::facts;
 use ctxbroker_core::planner::{self, PlanInput, SummaryRoom, SummarySlot};
 use ctxbroker_core::predicate;
 use ctxbroker_core::session::{Change, Incoming, Session, SessionRecord};
@@ -152,8 +154,8 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
     let tools = tool_outputs(TOOL_OUTPUTS, c);
     let bytes: usize = tools.spans.iter().map(|s| s.text.len()).sum();
     eprintln!(
-        "{TOOL_OUTPUTS} tool outputs ({bytes} bytes of text): Session::new and the facts of every span in {:.2} ms, median of {repeats}",
-        ms(loading(&tools, repeats)?)
+        "{TOOL_OUTPUTS} tool outputs ({bytes} bytes of text): {}, medians of {repeats}",
+        loading(&tools, repeats)?
     );
     let mut rows: Vec<Row> = Vec::new();
     for &n in sizes {
@@ -168,8 +170,8 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
             built.elapsed()
         );
         eprintln!(
-            "{n} spans: Session::new and the facts of every span in {:.2} ms, median of {repeats}",
-            ms(loading(&session, repeats)?)
+            "{n} spans: {}, medians of {repeats}",
+            loading(&session, repeats)?
         );
         let row = measure(&session, &incoming, repeats, c)?;
         rows.push(row);
@@ -538,21 +540,65 @@ fn text(rng: &mut Rng, role: Role, turn: u64, constraint: bool) -> String {
 
 /// Loading: a session made from the store's spans, and the facts of every
 /// span, which it derives when a compaction first needs them (a reloaded
-/// session's first compaction pays this); the median of `repeats`, the
+/// session's first compaction pays this), from the text and from the
+/// seeds the store keeps beside the spans; the medians of `repeats`, the
 /// copies made outside the clock.
-fn loading(session: &Session, repeats: usize) -> Result<Duration, Failure> {
-    let mut load = Vec::with_capacity(repeats);
+fn loading(session: &Session, repeats: usize) -> Result<Loading, Failure> {
+    let seeds: Vec<Option<Box<[u8]>>> = session
+        .spans
+        .iter()
+        .map(|s| facts::seed(s).map(Vec::into_boxed_slice))
+        .collect();
+    let (mut text, mut seeded) = (Vec::with_capacity(repeats), Vec::with_capacity(repeats));
     for _ in 0..repeats {
-        let (record, spans) = (session.record.clone(), session.spans.clone());
-        let started = Instant::now();
-        let loaded = Session::new(record, spans);
-        let described = loaded.facts().is_some();
-        load.push(started.elapsed());
-        if !described {
-            return Err("the facts derived do not describe the session's spans".into());
+        for from_seeds in [false, true] {
+            let (record, spans) = (session.record.clone(), session.spans.clone());
+            let seeds = if from_seeds {
+                seeds.clone()
+            } else {
+                Vec::new()
+            };
+            let started = Instant::now();
+            let loaded = Session::with_seeds(record, spans, seeds);
+            let described = loaded.facts().is_some();
+            let took = started.elapsed();
+            if !described {
+                return Err("the facts derived do not describe the session's spans".into());
+            }
+            match from_seeds {
+                true => seeded.push(took),
+                false => text.push(took),
+            }
         }
     }
-    Ok(median(load))
+    Ok(Loading {
+        from_text: median(text),
+        from_seeds: median(seeded),
+        seed_bytes: seeds.iter().flatten().map(|s| s.len()).sum(),
+        text_bytes: session.spans.iter().map(|s| s.text.len()).sum(),
+    })
+}
+
+/// What [`loading`] measured.
+struct Loading {
+    from_text: Duration,
+    from_seeds: Duration,
+    seed_bytes: usize,
+    text_bytes: usize,
+}
+
+impl fmt::Display for Loading {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Session::new and the facts of every span in {:.2} ms from the text, {:.2} ms from stored seeds ({:.2}x; seeds {} bytes, {:.1} % of the text)",
+            ms(self.from_text),
+            ms(self.from_seeds),
+            self.from_text.as_secs_f64() / self.from_seeds.as_secs_f64().max(1e-9),
+            self.seed_bytes,
+            100.0 * self.seed_bytes as f64 / self.text_bytes.max(1) as f64
+        )
+    }
 }
 
 /// The tool outputs of the session [`tool_outputs`] makes.
