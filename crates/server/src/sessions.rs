@@ -971,8 +971,12 @@ mod tests {
     /// estimate made afresh: through turns that fit (added to the kept
     /// estimate) and compactions (estimated again).
     /// Turn `turn` of the sessions below: one tool or assistant output
-    /// naming paths and error codes, of one to five lines.
-    fn output_turn(session: &Session, turn: u64) -> Vec<ctxbroker_core::session::Incoming> {
+    /// naming paths and error codes, of one to five lines, `scale` times.
+    fn output_turn(
+        session: &Session,
+        turn: u64,
+        scale: usize,
+    ) -> Vec<ctxbroker_core::session::Incoming> {
         use ctxbroker_core::span::Role;
         use ctxbroker_core::tokens::ByteLength;
 
@@ -984,7 +988,7 @@ mod tests {
             turn * 13 % 10_000,
             turn * 31
         )
-        .repeat(1 + (turn % 5) as usize);
+        .repeat((1 + (turn % 5) as usize) * scale);
         let span = TurnSpan {
             role: if turn.is_multiple_of(2) {
                 Role::Tool
@@ -1014,7 +1018,7 @@ mod tests {
         let mut loaded = Loaded::new(Session::create("estimate", config, 1));
         let (mut appended, mut compacted) = (0, 0);
         for turn in 0..120u64 {
-            let incoming = output_turn(&loaded.session, turn);
+            let incoming = output_turn(&loaded.session, turn, 1);
             let Ok(change) = loaded.session.admit(incoming, 10 + turn, &ByteLength) else {
                 continue;
             };
@@ -1041,12 +1045,13 @@ mod tests {
     #[tokio::test]
     async fn a_loaded_session_reads_its_facts_from_the_seeds_stored() {
         use ctxbroker_core::SessionConfig;
+        use ctxbroker_core::facts::SEED_MIN_BYTES;
         use ctxbroker_core::tokens::ByteLength;
         use ctxbroker_store::{StoreOptions, WriteOp};
 
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-        let mut session = Session::create("seeded", SessionConfig::with_window(4_000), 1);
+        let mut session = Session::create("seeded", SessionConfig::with_window(40_000), 1);
         let record = session.record.clone();
         store
             .write(WriteOp::CreateSession { record })
@@ -1054,7 +1059,8 @@ mod tests {
             .unwrap();
         let mut compacted = 0;
         for turn in 0..60u64 {
-            let incoming = output_turn(&session, turn);
+            // Outputs of 1 to 5 lines, 20 times: 1.4 to 7 KB.
+            let incoming = output_turn(&session, turn, 20);
             let Ok(change) = session.admit(incoming, 10 + turn, &ByteLength) else {
                 continue;
             };
@@ -1064,10 +1070,10 @@ mod tests {
                 keys: Vec::new(),
             };
             let (_, seeds) = store.write_seeded(write).await.unwrap();
-            assert_eq!(
-                seeds.len(),
-                change.append.len() + usize::from(change.summary.is_some())
-            );
+            let seeded = change.summary.iter().chain(&change.append);
+            let long = seeded.filter(|s| s.text.len() >= SEED_MIN_BYTES).count();
+            assert_eq!(seeds.len(), long);
+            assert!(long >= change.append.len());
             session.apply_seeded(&change, &seeds);
         }
         assert!(compacted >= 2, "{compacted} compactions");

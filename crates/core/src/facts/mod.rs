@@ -44,7 +44,7 @@ use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{OwedAnchors, anchor_ranges, required_anchors};
 
 mod seed;
-pub use seed::{SEED_RULES, seed};
+pub use seed::{SEED_MIN_BYTES, SEED_RULES, seed};
 
 /// What is derived once from one live span.
 #[derive(Clone, PartialEq, Eq)]
@@ -929,7 +929,7 @@ mod tests {
             .summary
             .iter()
             .chain(&change.append)
-            .filter_map(|s| Some((s.id, seed(s)?)))
+            .filter_map(|s| Some((s.id, seed::seed_of(s)?)))
             .collect()
     }
 
@@ -951,7 +951,7 @@ mod tests {
         let seeds: Vec<Option<Box<[u8]>>> = built
             .spans
             .iter()
-            .map(|s| seed(s).map(Vec::into_boxed_slice))
+            .map(|s| seed::seed_of(s).map(Vec::into_boxed_slice))
             .collect();
         let mut session = Session::with_seeds(built.record.clone(), built.spans.clone(), seeds);
         assert!(session.seed_bytes() > 0);
@@ -997,7 +997,7 @@ mod tests {
         // what the facts hold: the seed is read, not the text.
         let mut spans = vec![crate::testing::admitted(1, 1, Role::User, "alpha beta")];
         let other = crate::testing::admitted(1, 1, Role::User, "alpha alpha");
-        let seeds = vec![seed(&other).map(Vec::into_boxed_slice)];
+        let seeds = vec![seed::seed_of(&other).map(Vec::into_boxed_slice)];
         let spoofed = Session::with_seeds(session.record.clone(), spans.clone(), seeds);
         let read = spoofed.facts().expect("facts").canonical();
         assert_eq!(read.spans[0].3, vec![("alpha".to_owned(), 2)]);

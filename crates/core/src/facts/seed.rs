@@ -43,9 +43,27 @@ pub const SEED_RULES: u8 = 1;
 /// Distinct words found by a linear scan before a map is built.
 const LINEAR: usize = 16;
 
-/// The seed of `span`, derived from its text: `None` for a text too long
-/// for 32-bit offsets (its facts are always derived).
+/// Texts shorter than this get no seed: their facts are derived again
+/// when a session is read back. Reading a short span's seed saves about
+/// 2 µs per span at a reload, against seeds of about 29 % of the text's
+/// bytes written for every span and derived at every admission; a tool
+/// output's saves about 30 ns per byte of text for 11 % (see
+/// docs/benchmarks.md, Facts read from the store).
+pub const SEED_MIN_BYTES: usize = 1024;
+
+/// The seed `span` is stored with: derived from its text when the text
+/// is at least [`SEED_MIN_BYTES`] long (and short enough for 32-bit
+/// offsets), else `None` (its facts are derived when needed).
 pub fn seed(span: &Span) -> Option<Vec<u8>> {
+    match span.text.len() >= SEED_MIN_BYTES {
+        true => seed_of(span),
+        false => None,
+    }
+}
+
+/// The seed of `span`, whatever its length: `None` for a text too long
+/// for 32-bit offsets (its facts are always derived).
+pub(crate) fn seed_of(span: &Span) -> Option<Vec<u8>> {
     let text = span.text.as_str();
     u32::try_from(text.len()).ok()?;
     // Each distinct word's first range and count, found by name: a slice
@@ -275,7 +293,7 @@ mod tests {
             .collect();
         let seeds: Vec<Option<Box<[u8]>>> = spans
             .iter()
-            .map(|s| seed(s).map(Vec::into_boxed_slice))
+            .map(|s| seed_of(s).map(Vec::into_boxed_slice))
             .collect();
         // Every seed is read, none falls back to the text.
         for (s, seed) in spans.iter().zip(&seeds) {
@@ -297,7 +315,7 @@ mod tests {
             1,
             "Deploy web-1 to staging; never touch prod. See /etc/app.yaml",
         );
-        let good = seed(&s).unwrap_or_default();
+        let good = seed_of(&s).unwrap_or_default();
         assert!(read(&good, &s).is_some());
         // Other rules.
         let mut other = good.clone();
@@ -337,7 +355,7 @@ mod tests {
         // the digest here.
         let mut digest = 0xcbf2_9ce4_8422_2325u64;
         for (k, t) in corpus().iter().enumerate() {
-            for b in seed(&span(k as u64 + 1, t)).unwrap_or_default() {
+            for b in seed_of(&span(k as u64 + 1, t)).unwrap_or_default() {
                 digest = (digest ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
             }
         }
@@ -346,6 +364,17 @@ mod tests {
             (1, 0x5529_4f30_6021_a16d),
             "the seeds of the fixed corpus changed"
         );
+    }
+
+    #[test]
+    fn only_texts_of_the_threshold_or_longer_are_seeded() {
+        let short = span(1, &"word ".repeat(SEED_MIN_BYTES / 5 - 1));
+        assert!(short.text.len() < SEED_MIN_BYTES);
+        assert_eq!(seed(&short), None);
+        assert!(seed_of(&short).is_some());
+        let long = span(2, &"word ".repeat(SEED_MIN_BYTES / 5 + 1));
+        assert_eq!(seed(&long), seed_of(&long));
+        assert!(seed(&long).is_some());
     }
 
     #[test]
