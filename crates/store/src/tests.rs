@@ -1481,4 +1481,12 @@ async fn new_spans_are_stored_with_the_seeds_of_their_facts() {
     assert_eq!(live[1], rewritten);
     assert_eq!(stored, vec![None, None, None]);
     assert_eq!(store.live_spans("s").unwrap(), live);
+    // A row written before seeds (or re-encoded from its span) reads as
+    // having none: its facts are derived from the text.
+    let key = keys::session_number_key("s", 2);
+    let row = record::encode_span(&key, &spans[1], record::span_terms(&spans[1]));
+    assert_eq!(
+        record::decode_seeded_span(&key, &row).unwrap(),
+        (spans[1].clone(), None)
+    );
 }
