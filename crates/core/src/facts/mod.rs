@@ -760,6 +760,28 @@ mod tests {
         r.pinned_tokens = pinned.map(|s| u64::from(s.tokens)).sum();
     }
 
+    /// Evicts one to `most` random live spans outright (an id drawn twice
+    /// is evicted once), the totals made to follow.
+    fn evict_some(session: &mut Session, rng: &mut Rng, most: usize) {
+        let evict: Vec<SpanId> = (0..1 + rng.index(most))
+            .map(|_| session.spans[rng.index(session.spans.len())].id)
+            .collect();
+        let change = edit(session, evict, Vec::new());
+        session.apply(&change);
+        retotal(session);
+    }
+
+    /// Rewrites a random live span in place with a new text, as a
+    /// compressed form is, the totals made to follow.
+    fn rewrite_one(session: &mut Session, rng: &mut Rng) {
+        let mut span = session.spans[rng.index(session.spans.len())].clone();
+        span.text = text(rng);
+        span.tokens = ByteLength.count(&span.text);
+        let change = edit(session, Vec::new(), vec![span]);
+        session.apply(&change);
+        retotal(session);
+    }
+
     fn check(session: &Session, rng: &mut Rng, step: usize) {
         let kept = session.facts().expect("the facts describe the spans");
         let fresh = LiveFacts::of(&session.spans);
@@ -849,23 +871,9 @@ mod tests {
             let now = 10 + step as u64;
             match rng.index(10) {
                 // Evict a few spans outright.
-                0 if !session.spans.is_empty() => {
-                    let evict: Vec<SpanId> = (0..1 + rng.index(3))
-                        .map(|_| session.spans[rng.index(session.spans.len())].id)
-                        .collect();
-                    let change = edit(&session, evict, Vec::new());
-                    session.apply(&change);
-                    retotal(&mut session);
-                }
+                0 if !session.spans.is_empty() => evict_some(&mut session, &mut rng, 3),
                 // Rewrite a span in place, as a compressed form is.
-                1 if !session.spans.is_empty() => {
-                    let mut span = session.spans[rng.index(session.spans.len())].clone();
-                    span.text = text(&mut rng);
-                    span.tokens = ByteLength.count(&span.text);
-                    let change = edit(&session, Vec::new(), vec![span]);
-                    session.apply(&change);
-                    retotal(&mut session);
-                }
+                1 if !session.spans.is_empty() => rewrite_one(&mut session, &mut rng),
                 _ => {
                     let turn: Vec<Incoming> =
                         (0..1 + rng.index(3)).map(|_| incoming(&mut rng)).collect();
@@ -1025,22 +1033,8 @@ mod tests {
         for step in 0..600 {
             let now = 10 + step as u64;
             match rng.index(8) {
-                0 if !session.spans.is_empty() => {
-                    let evict: Vec<SpanId> = (0..1 + rng.index(4))
-                        .map(|_| session.spans[rng.index(session.spans.len())].id)
-                        .collect();
-                    let change = edit(&session, evict, Vec::new());
-                    session.apply(&change);
-                    retotal(&mut session);
-                }
-                1 if !session.spans.is_empty() => {
-                    let mut span = session.spans[rng.index(session.spans.len())].clone();
-                    span.text = text(&mut rng);
-                    span.tokens = ByteLength.count(&span.text);
-                    let change = edit(&session, Vec::new(), vec![span]);
-                    session.apply(&change);
-                    retotal(&mut session);
-                }
+                0 if !session.spans.is_empty() => evict_some(&mut session, &mut rng, 4),
+                1 if !session.spans.is_empty() => rewrite_one(&mut session, &mut rng),
                 _ => {
                     let turn: Vec<Incoming> = (0..1 + rng.index(3))
                         .map(|_| {

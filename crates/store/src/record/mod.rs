@@ -184,15 +184,7 @@ pub(crate) fn decode_seeded_span(
     key: &[u8],
     value: &[u8],
 ) -> Result<(Span, Option<Vec<u8>>), StoreError> {
-    read(TreeId::Spans, key, value, |mut row: SpanRow| {
-        let seed = row.facts.take();
-        row.terms = None;
-        let span = span_from(row)?;
-        match keys::parse_session_number_key(key) {
-            Some((_, position)) if position == span.position => Ok((span, seed)),
-            _ => Err(format!("record holds position {}", span.position)),
-        }
-    })
+    decode_live(key, value, |row| row.facts.take())
 }
 
 /// Decodes a live span found at `key` (session ‖ position).
@@ -207,11 +199,21 @@ pub(crate) fn decode_span_with_terms(
     key: &[u8],
     value: &[u8],
 ) -> Result<(Span, Option<Vec<u8>>), StoreError> {
+    decode_live(key, value, |row| row.terms.take())
+}
+
+/// Decodes a live span's row found at `key` (session ‖ position), with
+/// what `take` takes out of the row before the span is made of it.
+fn decode_live<T>(
+    key: &[u8],
+    value: &[u8],
+    take: impl FnOnce(&mut SpanRow) -> T,
+) -> Result<(Span, T), StoreError> {
     read(TreeId::Spans, key, value, |mut row: SpanRow| {
-        let terms = row.terms.take();
+        let taken = take(&mut row);
         let span = span_from(row)?;
         match keys::parse_session_number_key(key) {
-            Some((_, position)) if position == span.position => Ok((span, terms)),
+            Some((_, position)) if position == span.position => Ok((span, taken)),
             _ => Err(format!("record holds position {}", span.position)),
         }
     })
