@@ -961,6 +961,10 @@ mod tests {
             .iter()
             .map(|s| seed::seed_of(s).map(Vec::into_boxed_slice))
             .collect();
+        // Without a seed among them, a session keeps no slot per span.
+        let none = vec![None; built.spans.len()];
+        let unseeded = Session::with_seeds(built.record.clone(), built.spans.clone(), none);
+        assert_eq!(unseeded.seed_bytes(), 0);
         let mut session = Session::with_seeds(built.record.clone(), built.spans.clone(), seeds);
         assert!(session.seed_bytes() > 0);
         let mut step = 100;

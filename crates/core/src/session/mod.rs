@@ -236,13 +236,15 @@ impl Session {
     /// [`Session::new`], with the seed the store kept of each span
     /// (`seeds[k]` for `spans[k]`; ignored unless there is one entry per
     /// span): the facts, when first needed, are read from them instead of
-    /// derived from the text.
+    /// derived from the text (for the spans without one, derived).
     pub fn with_seeds(
         record: SessionRecord,
         spans: Vec<Span>,
         seeds: Vec<Option<Box<[u8]>>>,
     ) -> Session {
-        let seeds = match seeds.len() == spans.len() {
+        // Without a seed among them, nothing is kept: a session of short
+        // spans holds no slot per span.
+        let seeds = match seeds.len() == spans.len() && seeds.iter().any(Option::is_some) {
             true => Seeds::of(seeds),
             false => Seeds::default(),
         };
