@@ -51,6 +51,9 @@ VARYING = ("planId", "gitCommit", "contractDigest")
 STEP_TIMEOUT = 60.0
 # A stream that has not printed what the README shows by then never will.
 STREAM_TIMEOUT = 15.0
+# How long a stream interrupted once it matched may take to exit, counted
+# from the interruption, before it is killed (what it printed stands).
+INTERRUPT_GRACE = 10.0
 
 
 @dataclass
@@ -200,12 +203,21 @@ def run_step(
     deadline = time.monotonic() + timeout
     interrupted = False
     fd = process.stdout.fileno()
+    started = time.monotonic()
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            chunks.append(f"\n[walkthrough: killed after {timeout:.0f} s]\n".encode())
+            code = process.wait()
+            elapsed = time.monotonic() - started
+            if interrupted:
+                # It printed what the README shows and was interrupted,
+                # but did not exit in time: the output stands.
+                chunks.append(
+                    f"\n[walkthrough: killed {INTERRUPT_GRACE:.0f} s after Ctrl-C]\n".encode()
+                )
+                return b"".join(chunks).decode(errors="replace"), code, True
+            chunks.append(f"\n[walkthrough: killed after {elapsed:.1f} s]\n".encode())
             return b"".join(chunks).decode(errors="replace"), None, True
         ready, _, _ = select.select([fd], [], [], remaining)
         if not ready:
@@ -218,6 +230,7 @@ def run_step(
             if matches(done_when_matched, b"".join(chunks).decode(errors="replace"))[0]:
                 os.killpg(process.pid, signal.SIGINT)
                 interrupted = True
+                deadline = time.monotonic() + INTERRUPT_GRACE
     code = process.wait()
     return b"".join(chunks).decode(errors="replace"), code, interrupted
 
