@@ -31,6 +31,18 @@ pub mod verify;
 #[cfg(test)]
 mod testing;
 
+/// Keeps the items of `items` whose index is true in `keep` (an index
+/// past its end is kept): how the spans of a session and everything held
+/// beside them by index leave together.
+pub(crate) fn retain_kept<T>(items: &mut Vec<T>, keep: &[bool]) {
+    let mut k = 0;
+    items.retain(|_| {
+        let kept = keep.get(k).copied().unwrap_or(true);
+        k += 1;
+        kept
+    });
+}
+
 /// Hash maps for the core's internal indexes.
 ///
 /// The default SipHash costs more than the rest of a planning pass over a

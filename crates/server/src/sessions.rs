@@ -475,8 +475,9 @@ fn spans_estimate(session: &Session) -> u64 {
     (record + spans) as u64
 }
 
-/// What the session derived from its spans for compaction, if it did:
-/// kept as the facts change, so it costs nothing per span.
+/// What the session derived from its spans for compaction, if it did, or
+/// the stored seeds it will derive it from: both kept as they change, so
+/// it costs nothing per span.
 fn facts_estimate(session: &Session) -> u64 {
     (session.derived_facts().map_or(0, LiveFacts::heap_bytes) + session.seed_bytes()) as u64
 }

@@ -467,18 +467,8 @@ impl LiveFacts {
                 );
             }
         }
-        let mut k = 0;
-        self.spans.retain(|_| {
-            let kept = keep.get(k).copied().unwrap_or(true);
-            k += 1;
-            kept
-        });
-        let mut k = 0;
-        self.rows.retain(|_| {
-            let kept = keep.get(k).copied().unwrap_or(true);
-            k += 1;
-            kept
-        });
+        crate::retain_kept(&mut self.spans, keep);
+        crate::retain_kept(&mut self.rows, keep);
     }
 
     /// Calls `f` with each anchor span `live[at]` obliges a summary to

@@ -86,17 +86,12 @@ impl Seeds {
 
     /// Keeps the seeds for which `keep` (by index) is true.
     fn retain(&mut self, keep: &[bool]) {
-        let mut k = 0;
-        let mut dropped = 0;
-        self.by_index.retain(|seed| {
-            let kept = keep.get(k).copied().unwrap_or(true);
-            k += 1;
-            if !kept {
-                dropped += Seeds::held(seed);
-            }
-            kept
-        });
+        let dropped: usize = (self.by_index.iter().zip(keep))
+            .filter(|(_, kept)| !**kept)
+            .map(|(seed, _)| Seeds::held(seed))
+            .sum();
         self.bytes = self.bytes.saturating_sub(dropped);
+        crate::retain_kept(&mut self.by_index, keep);
     }
 
     /// The span at `at` has no seed any more.
@@ -354,11 +349,7 @@ impl Session {
         if !change.evict.is_empty() {
             let evicted = IdSet::of(&change.evict);
             let keep: Vec<bool> = self.spans.iter().map(|s| !evicted.contains(s.id)).collect();
-            let mut k = 0;
-            self.spans.retain(|_| {
-                k += 1;
-                keep[k - 1]
-            });
+            crate::retain_kept(&mut self.spans, &keep);
             if let Some(facts) = facts.as_deref_mut() {
                 facts.retain(&keep);
             }
