@@ -1490,3 +1490,91 @@ async fn new_spans_are_stored_with_the_seeds_of_their_facts() {
         (spans[1].clone(), None)
     );
 }
+
+/// A new span's position must be free. An appended span stands beyond
+/// every stored one and is not looked up, so what the writer still
+/// refuses is a summary at a position a live span holds and two spans of
+/// one write at the same position; either leaves the session as it was.
+#[tokio::test]
+async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = populated(dir.path()).await;
+    let before = admission_rows(&store);
+
+    let mut summary = span(4);
+    summary.position = 2;
+    let mut after = record("fine", 3, 5);
+    after.marker_count = 1;
+    let mut compaction = marker("fine", 1);
+    compaction.evicted = vec![1];
+    let over_a_live_span = store
+        .write(write(
+            Change {
+                evict: vec![1],
+                summary: Some(summary),
+                marker: Some(compaction),
+                ..change(2, after)
+            },
+            Vec::new(),
+        ))
+        .await;
+    let mut twin = span(5);
+    twin.position = 4;
+    let twice = store
+        .write(write(
+            Change {
+                append: vec![span(4), twin],
+                ..change(2, record("fine", 3, 6))
+            },
+            Vec::new(),
+        ))
+        .await;
+    for (what, refused) in [("summary", over_a_live_span), ("twin", twice)] {
+        match refused {
+            Err(StoreError::InvalidWrite { detail, .. }) => assert!(
+                detail.contains("cannot take position") && detail.contains("holds it"),
+                "{what}: {detail}"
+            ),
+            other => panic!("{what}: expected InvalidWrite, got {other:?}"),
+        }
+    }
+    assert_eq!(admission_rows(&store), before, "refusals change nothing");
+
+    // The same summary at the position of the span it replaces goes in,
+    // and an append after it is not refused.
+    let mut summary = span(4);
+    summary.position = 1;
+    let mut after = record("fine", 3, 5);
+    after.marker_count = 1;
+    let mut compaction = marker("fine", 1);
+    compaction.evicted = vec![1];
+    store
+        .write(write(
+            Change {
+                evict: vec![1],
+                summary: Some(summary),
+                marker: Some(compaction),
+                ..change(2, after)
+            },
+            Vec::new(),
+        ))
+        .await
+        .unwrap();
+    store
+        .write(write(
+            Change {
+                append: vec![span(5)],
+                ..change(3, record("fine", 4, 6))
+            },
+            Vec::new(),
+        ))
+        .await
+        .unwrap();
+    let positions: Vec<u64> = store
+        .live_spans("fine")
+        .unwrap()
+        .iter()
+        .map(|s| s.position)
+        .collect();
+    assert_eq!(positions, [1, 2, 3, 5]);
+}

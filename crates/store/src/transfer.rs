@@ -26,7 +26,7 @@
 //! format. Before anything is written, an import decodes every record (a
 //! damaged one is refused with its index and key), checks that every key
 //! belongs to the session, and checks the records against each other:
-//! positions, ids below the next span id and unique, the record's live
+//! ids and positions below the next span id, ids unique, the record's live
 //! totals equal to its live spans', every idempotency key naming a span
 //! the snapshot holds. The snapshot's checksum, over the format version,
 //! the session id and the body, catches damage in transit or at rest; it
@@ -348,6 +348,13 @@ impl SessionImport {
         };
         for span in &live {
             check_id(span.id, "live")?;
+            // The writer takes positions from the next span id on as free.
+            if span.position >= next {
+                return Err(bad_body(format!(
+                    "live span {} stands at position {}, not below the session's next span id {next}",
+                    span.id, span.position
+                )));
+            }
         }
         for &id in &archived {
             check_id(id, "archived")?;

@@ -416,6 +416,20 @@ async fn damaged_altered_or_inconsistent_snapshots_are_refused_by_part() {
             "span 1 appears more than once",
         ),
         (
+            "a live span at or beyond the next span id",
+            altered(&good, |records| {
+                let i = position(records, 2, &span5);
+                let mut moved = crate::record::decode_span(&span5, &records[i].value).unwrap();
+                moved.position = 1_000;
+                let key = keys::session_number_key("moved", 1_000);
+                records[i].value =
+                    crate::record::encode_span(&key, &moved, crate::record::span_terms(&moved));
+                records[i].key = key;
+            }),
+            SnapshotPart::Body,
+            "live span 5 stands at position 1000, not below the session's next span id",
+        ),
+        (
             "an unknown keyspace",
             altered(&good, |records| {
                 records.push(BodyRecord {

@@ -283,9 +283,25 @@ fn sync_pin(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), Sto
 /// Stores a new span at its position, which must be free, and pins it if it
 /// is a constraint. Its id has passed [`check_new_id`], so no pin can exist
 /// for it yet.
-fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), StoreError> {
+///
+/// Positions from `free_from` on are known to be free, and are not looked
+/// up: no span stands at or beyond its session's stored next span id (an
+/// admitted span's position is its id, a summary's the position of a span
+/// it replaces, an import refuses a span beyond it, and opening the store
+/// removes what a torn append left there), and this write's earlier spans
+/// move `free_from` past their own positions. An appended span, the usual
+/// case, so costs no read of the engine; a summary, which stands at an
+/// earlier position, is looked up.
+fn insert_span(
+    stage: &mut Stage<'_>,
+    session: &str,
+    span: &Span,
+    free_from: &mut u64,
+) -> Result<(), StoreError> {
     let key = keys::session_number_key(session, span.position);
-    if let Some(taken) = stage.get(TreeId::Spans, &key)? {
+    if span.position < *free_from
+        && let Some(taken) = stage.get(TreeId::Spans, &key)?
+    {
         let holder = record::decode_span(&key, &taken)?;
         return Err(invalid(
             session,
@@ -295,6 +311,7 @@ fn insert_span(stage: &mut Stage<'_>, session: &str, span: &Span) -> Result<(), 
             ),
         ));
     }
+    *free_from = (*free_from).max(span.position.saturating_add(1));
     let value = match stage.encoded.take(span) {
         Some(row) => row.span,
         None => record::encode_seeded_span(&key, span, record::span_terms(span), facts::seed(span)),
@@ -652,9 +669,10 @@ fn write_change(
         stage.put(TreeId::Spans, key, value);
         sync_pin(stage, session, span)?;
     }
+    let mut free_from = stored.next_span_id;
     for span in summary.iter().chain(&append) {
         check_new_id(session, span.id, &stored, &record)?;
-        insert_span(stage, session, span)?;
+        insert_span(stage, session, span, &mut free_from)?;
     }
     if summary.is_some() {
         // A summary stands at the position of what it replaces, below the
