@@ -270,6 +270,8 @@ pub struct EngineWrites {
     /// Writes the request that made them applied itself, without waking
     /// the store's writer thread (relaxed durability).
     pub applied_by_caller: f64,
+    /// Keys the writer read from the engine to check writes.
+    pub reads: f64,
 }
 
 impl EngineWrites {
@@ -297,6 +299,7 @@ impl EngineWrites {
             bytes: value("ctxbroker_store_bytes_written_total")?,
             blob_syncs: value("ctxbroker_store_blob_syncs_total")?,
             applied_by_caller: value("ctxbroker_store_writes_applied_by_caller_total")?,
+            reads: value("ctxbroker_store_keys_read_total")?,
         })
     }
 
@@ -308,6 +311,7 @@ impl EngineWrites {
             bytes: (self.bytes - before.bytes) / n,
             blob_syncs: (self.blob_syncs - before.blob_syncs) / n,
             applied_by_caller: (self.applied_by_caller - before.applied_by_caller) / n,
+            reads: (self.reads - before.reads) / n,
         }
     }
 }

@@ -580,6 +580,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("ctxbroker_store_bytes_written_total", "counter"),
     ("ctxbroker_store_flush_duration_seconds", "histogram"),
     ("ctxbroker_store_flushes_total", "counter"),
+    ("ctxbroker_store_keys_read_total", "counter"),
     ("ctxbroker_store_keys_removed_total", "counter"),
     ("ctxbroker_store_keys_written_total", "counter"),
     ("ctxbroker_store_queued_writes", "gauge"),

@@ -177,6 +177,12 @@ pub struct StoreStats {
     pub keys_written: u64,
     /// Keys removed by applied batches.
     pub keys_removed: u64,
+    /// Keys the writer read from the engine to check and stage writes:
+    /// the look-ups the engine answered and the entries of its scans
+    /// (what a write finds staged by an earlier one of its batch is not
+    /// counted). For a turn that only appends, its session's record, and
+    /// one look-up per idempotency key.
+    pub keys_read: u64,
     /// Bytes of the keys and values inserted or replaced: what the
     /// engine was handed to write, before its own framing.
     pub bytes_written: u64,

@@ -225,6 +225,9 @@ async fn sessions_and_text_bytes_are_counted_by_id_prefix() {
 /// of two spans is one key per span (its term vector inside its row) and
 /// the session's record, which carries the batch's commit epoch; a
 /// deletion removes what the session held and writes the epoch on its own.
+/// It counts what it reads to check them too: an admission reads the
+/// session's record and nothing else (an appended span's position is
+/// known to be free).
 #[tokio::test]
 async fn the_writer_counts_the_keys_and_bytes_it_writes() {
     let dir = tempdir();
@@ -236,6 +239,7 @@ async fn the_writer_counts_the_keys_and_bytes_it_writes() {
     let after = store.stats();
     assert_eq!(after.keys_written - before.keys_written, 2 + 1);
     assert_eq!(after.keys_removed, before.keys_removed);
+    assert_eq!(after.keys_read - before.keys_read, 1);
     let bytes = after.bytes_written - before.bytes_written;
     let text: u64 = store
         .live_spans("counted")

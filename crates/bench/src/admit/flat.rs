@@ -211,7 +211,7 @@ async fn admit_keyed(
 /// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
-        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         // The same request at the first size.
@@ -232,7 +232,7 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             ("–".to_owned(), "–".to_owned())
         };
         out.push_str(&format!(
-            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.3} | {:.2} |\n",
+            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
             r.live_spans,
             r.request,
             r.requests,
@@ -240,6 +240,7 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             r.cpu_us,
             r.written.keys,
             r.written.bytes,
+            r.written.reads,
             r.written.blob_syncs,
             r.written.applied_by_caller
         ));

@@ -266,6 +266,11 @@ impl Collector for Scraped {
                 stats.keys_removed,
             ),
             (
+                "ctxbroker_store_keys_read",
+                "Keys the writer read from the storage engine to check writes: look-ups and scanned entries.",
+                stats.keys_read,
+            ),
+            (
                 "ctxbroker_store_bytes_written",
                 "Bytes of the keys and values the writer handed the storage engine.",
                 stats.bytes_written,

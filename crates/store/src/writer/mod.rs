@@ -127,6 +127,7 @@ pub(crate) struct Shared {
     pub(crate) hook_panics: AtomicU64,
     pub(crate) keys_written: AtomicU64,
     pub(crate) keys_removed: AtomicU64,
+    pub(crate) keys_read: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
     /// Postings of recently searched sessions.
     pub(crate) search: IndexCache,
@@ -151,6 +152,7 @@ impl Shared {
             hook_panics: AtomicU64::new(0),
             keys_written: AtomicU64::new(0),
             keys_removed: AtomicU64::new(0),
+            keys_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
         }
     }
@@ -176,6 +178,7 @@ impl Shared {
             hook_panics: get(&self.hook_panics),
             keys_written: get(&self.keys_written),
             keys_removed: get(&self.keys_removed),
+            keys_read: get(&self.keys_read),
             bytes_written: get(&self.bytes_written),
             queued: 0,
         }
@@ -429,6 +432,7 @@ impl Writer {
                 }
             }
         }
+        shared.keys_read.fetch_add(stage.reads(), Ordering::Relaxed);
         if accepted.is_empty() {
             return;
         }

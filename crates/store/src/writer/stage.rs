@@ -2,6 +2,7 @@
 //! values it stages (a session's record, spans, pins, archive, keys, term
 //! vectors and marker).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 
 use ctxbroker_core::facts;
@@ -26,6 +27,9 @@ pub(crate) struct Stage<'a> {
     /// The rows of the current write's new spans, encoded before it was
     /// queued (see [`Encoded`]).
     encoded: Encoded,
+    /// Keys read from the engine: look-ups it answered and entries of its
+    /// scans, not what was found staged.
+    reads: Cell<u64>,
 }
 
 /// The rows of a change's new spans (its summary and appended spans),
@@ -117,7 +121,17 @@ impl<'a> Stage<'a> {
             batch: BTreeMap::new(),
             op: BTreeMap::new(),
             encoded: Encoded::default(),
+            reads: Cell::new(0),
         }
+    }
+
+    /// Keys read from the engine so far (see the field).
+    pub(super) fn reads(&self) -> u64 {
+        self.reads.get()
+    }
+
+    fn count_reads(&self, n: u64) {
+        self.reads.set(self.reads.get().saturating_add(n));
     }
 
     /// The rows the next write's task encoded for it.
@@ -130,6 +144,7 @@ impl<'a> Stage<'a> {
         if let Some(value) = self.op.get(&staged).or_else(|| self.batch.get(&staged)) {
             return Ok(value.clone());
         }
+        self.count_reads(1);
         let stored = self.trees.tree(tree).get(key).map_err(StoreError::engine)?;
         Ok(stored.map(|v| v.to_vec()))
     }
@@ -139,6 +154,7 @@ impl<'a> Stage<'a> {
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         for entry in self.trees.tree(tree).scan_prefix(prefix) {
             let (key, value) = entry.map_err(StoreError::engine)?;
+            self.count_reads(1);
             merged.insert(key.to_vec(), Some(value.to_vec()));
         }
         for layer in [&self.batch, &self.op] {
@@ -164,6 +180,7 @@ impl<'a> Stage<'a> {
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut merged: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
         for entry in self.trees.tree(tree).scan_prefix(prefix).keys() {
+            self.count_reads(1);
             merged.insert(entry.map_err(StoreError::engine)?.to_vec(), true);
         }
         for layer in [&self.batch, &self.op] {
