@@ -1500,15 +1500,15 @@ async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = populated(dir.path()).await;
     let before = admission_rows(&store);
-
-    let mut summary = span(4);
-    summary.position = 2;
-    let mut after = record("fine", 3, 5);
-    after.marker_count = 1;
-    let mut compaction = marker("fine", 1);
-    compaction.evicted = vec![1];
-    let over_a_live_span = store
-        .write(write(
+    // Span 1 evicted under a summary (id 4) standing at `position`.
+    let summarise_at = |position: u64| {
+        let mut summary = span(4);
+        summary.position = position;
+        let mut after = record("fine", 3, 5);
+        after.marker_count = 1;
+        let mut compaction = marker("fine", 1);
+        compaction.evicted = vec![1];
+        write(
             Change {
                 evict: vec![1],
                 summary: Some(summary),
@@ -1516,8 +1516,10 @@ async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
                 ..change(2, after)
             },
             Vec::new(),
-        ))
-        .await;
+        )
+    };
+
+    let over_a_live_span = store.write(summarise_at(2)).await;
     let mut twin = span(5);
     twin.position = 4;
     let twice = store
@@ -1542,24 +1544,7 @@ async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
 
     // The same summary at the position of the span it replaces goes in,
     // and an append after it is not refused.
-    let mut summary = span(4);
-    summary.position = 1;
-    let mut after = record("fine", 3, 5);
-    after.marker_count = 1;
-    let mut compaction = marker("fine", 1);
-    compaction.evicted = vec![1];
-    store
-        .write(write(
-            Change {
-                evict: vec![1],
-                summary: Some(summary),
-                marker: Some(compaction),
-                ..change(2, after)
-            },
-            Vec::new(),
-        ))
-        .await
-        .unwrap();
+    store.write(summarise_at(1)).await.unwrap();
     store
         .write(write(
             Change {
