@@ -37,8 +37,11 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::hash::BuildHasher;
 
-use crate::fasthash::{self, FastMap};
+use hashbrown::HashTable;
+
+use crate::fasthash::{self, FastMap, FastState};
 use crate::relevance::{self, for_each_counted_word};
 use crate::span::{Span, SpanClass, SpanId};
 use crate::text::{OwedAnchors, anchor_ranges, required_anchors};
@@ -157,9 +160,15 @@ impl LiveRow {
 
 /// The words of a session's live spans: each distinct lower-cased word
 /// once, with the number of live spans using it.
+///
+/// A word's text is held once, in `names`; the index finds a word's id by
+/// hashing its text and comparing it with the name of each id it holds,
+/// so a word costs one allocation, not one for the index and one by id.
 #[derive(Clone, Default)]
 struct Words {
-    ids: FastMap<Box<str>, u32>,
+    /// Ids of the words interned, found by their names' hash.
+    ids: HashTable<u32>,
+    hasher: FastState,
     /// By id: the word ("" once forgotten) and its document frequency.
     names: Vec<Box<str>>,
     df: Vec<u32>,
@@ -170,8 +179,24 @@ struct Words {
 }
 
 impl Words {
+    /// The id of `word`, if it is interned.
+    fn id(&self, word: &str) -> Option<u32> {
+        self.find(self.hasher.hash_one(word), word)
+    }
+
+    /// The id of `word`, whose hash is `hash`, if it is interned.
+    fn find(&self, hash: u64, word: &str) -> Option<u32> {
+        let names = &self.names;
+        self.ids
+            .find(hash, |&id| {
+                names.get(id as usize).is_some_and(|n| &**n == word)
+            })
+            .copied()
+    }
+
     fn intern(&mut self, word: &str) -> u32 {
-        if let Some(&id) = self.ids.get(word) {
+        let hash = self.hasher.hash_one(word);
+        if let Some(id) = self.find(hash, word) {
             return id;
         }
         let id = match self.free.pop() {
@@ -185,7 +210,10 @@ impl Words {
                 u32::try_from(self.names.len() - 1).unwrap_or(u32::MAX)
             }
         };
-        self.ids.insert(word.into(), id);
+        let (names, hasher) = (&self.names, &self.hasher);
+        self.ids.insert_unique(hash, id, |&id| {
+            hasher.hash_one(names.get(id as usize).map_or("", |n| &**n))
+        });
         self.name_bytes += word.len();
         id
     }
@@ -201,7 +229,12 @@ impl Words {
         if *df == 0 {
             let name = std::mem::take(&mut self.names[at]);
             self.name_bytes = self.name_bytes.saturating_sub(name.len());
-            self.ids.remove(&name);
+            if let Ok(entry) = self
+                .ids
+                .find_entry(self.hasher.hash_one(&*name), |&i| i == id)
+            {
+                entry.remove();
+            }
             self.free.push(id);
         }
     }
@@ -295,10 +328,10 @@ impl LiveFacts {
     /// their names.
     fn words_heap_bytes(&self, names: usize) -> usize {
         use std::mem::size_of;
-        // Each word is held twice (map key and by id), with its entry,
-        // id and document frequency.
-        2 * names
-            + self.words.ids.capacity() * (size_of::<(Box<str>, u32)>() + 1)
+        // Each word is held once (by id), with its index entry, id and
+        // document frequency.
+        names
+            + self.words.ids.capacity() * (size_of::<u32>() + 1)
             + self.words.names.capacity() * size_of::<Box<str>>()
             + self.words.df.capacity() * size_of::<u32>()
             + self.words.free.capacity() * size_of::<u32>()
@@ -532,7 +565,7 @@ impl LiveFacts {
         let count = n as f64;
         let mut idf = Vec::with_capacity(terms.len());
         for t in terms {
-            if let Some(&id) = self.words.ids.get(t.as_str()) {
+            if let Some(id) = self.words.id(t.as_str()) {
                 let df = self.words.df.get(id as usize).copied().unwrap_or(0);
                 query[id as usize] = u32::try_from(idf.len()).unwrap_or(NONE);
                 idf.push(relevance::idf(count, df));
@@ -586,7 +619,7 @@ impl LiveFacts {
             .words
             .ids
             .iter()
-            .map(|(w, &id)| (w.to_string(), self.words.df[id as usize]))
+            .map(|&id| (name(id), self.words.df[id as usize]))
             .collect();
         df.sort();
         Canonical {
@@ -1102,6 +1135,37 @@ mod tests {
         let mut changed = spans.clone();
         changed[0].relevance_hint = Some(f64::NAN);
         assert!(facts.describes(&changed));
+    }
+
+    #[test]
+    fn words_no_span_uses_leave_the_index_and_their_ids_are_reused() {
+        let spans: Vec<Span> = [(1, "alpha beta"), (2, "beta gamma"), (3, "delta")]
+            .into_iter()
+            .map(|(id, text)| crate::testing::admitted(id, id, Role::User, text))
+            .collect();
+        let mut facts = LiveFacts::of(&spans);
+        let interned = |f: &LiveFacts| {
+            let mut words: Vec<String> = f
+                .words
+                .ids
+                .iter()
+                .map(|&id| f.words.names[id as usize].to_string())
+                .collect();
+            words.sort();
+            words
+        };
+        assert_eq!(interned(&facts), ["alpha", "beta", "delta", "gamma"]);
+        // Span 1 goes: "alpha" is forgotten, "beta" stays (span 2 uses it).
+        facts.retain(&[false, true, true]);
+        assert_eq!(interned(&facts), ["beta", "delta", "gamma"]);
+        assert_eq!(facts.words.id("alpha"), None);
+        assert_eq!(facts.words.free.len(), 1);
+        // A new word takes the forgotten id, and is found by its name.
+        let id = facts.words.intern("epsilon");
+        assert!(facts.words.free.is_empty());
+        assert_eq!(facts.words.id("epsilon"), Some(id));
+        assert_eq!(facts.words.ids.len(), 4);
+        assert_eq!(facts.heap_bytes(), facts.heap_bytes_recounted());
     }
 
     #[test]
