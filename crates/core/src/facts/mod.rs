@@ -188,9 +188,7 @@ impl Words {
     fn find(&self, hash: u64, word: &str) -> Option<u32> {
         let names = &self.names;
         self.ids
-            .find(hash, |&id| {
-                names.get(id as usize).is_some_and(|n| &**n == word)
-            })
+            .find(hash, |&id| name_of(names, id) == word)
             .copied()
     }
 
@@ -211,9 +209,8 @@ impl Words {
             }
         };
         let (names, hasher) = (&self.names, &self.hasher);
-        self.ids.insert_unique(hash, id, |&id| {
-            hasher.hash_one(names.get(id as usize).map_or("", |n| &**n))
-        });
+        self.ids
+            .insert_unique(hash, id, |&id| hasher.hash_one(name_of(names, id)));
         self.name_bytes += word.len();
         id
     }
@@ -238,6 +235,12 @@ impl Words {
             self.free.push(id);
         }
     }
+}
+
+/// The name of word `id` in `names` ("" for an id it does not hold, or a
+/// forgotten word's).
+fn name_of(names: &[Box<str>], id: u32) -> &str {
+    names.get(id as usize).map_or("", |n| n)
 }
 
 /// What is derived once from each of a session's live spans, in prompt

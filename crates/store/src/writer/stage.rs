@@ -130,8 +130,8 @@ impl<'a> Stage<'a> {
         self.reads.get()
     }
 
-    fn count_reads(&self, n: u64) {
-        self.reads.set(self.reads.get().saturating_add(n));
+    fn count_read(&self) {
+        self.reads.set(self.reads.get().saturating_add(1));
     }
 
     /// The rows the next write's task encoded for it.
@@ -144,7 +144,7 @@ impl<'a> Stage<'a> {
         if let Some(value) = self.op.get(&staged).or_else(|| self.batch.get(&staged)) {
             return Ok(value.clone());
         }
-        self.count_reads(1);
+        self.count_read();
         let stored = self.trees.tree(tree).get(key).map_err(StoreError::engine)?;
         Ok(stored.map(|v| v.to_vec()))
     }
@@ -154,7 +154,7 @@ impl<'a> Stage<'a> {
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         for entry in self.trees.tree(tree).scan_prefix(prefix) {
             let (key, value) = entry.map_err(StoreError::engine)?;
-            self.count_reads(1);
+            self.count_read();
             merged.insert(key.to_vec(), Some(value.to_vec()));
         }
         for layer in [&self.batch, &self.op] {
@@ -180,8 +180,9 @@ impl<'a> Stage<'a> {
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut merged: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
         for entry in self.trees.tree(tree).scan_prefix(prefix).keys() {
-            self.count_reads(1);
-            merged.insert(entry.map_err(StoreError::engine)?.to_vec(), true);
+            let key = entry.map_err(StoreError::engine)?;
+            self.count_read();
+            merged.insert(key.to_vec(), true);
         }
         for layer in [&self.batch, &self.op] {
             let from = (tree, prefix.to_vec());
