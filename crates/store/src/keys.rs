@@ -19,6 +19,8 @@ pub(crate) const META_FORMAT: &[u8] = b"format_version";
 pub(crate) const META_MARKER_LOG: &[u8] = b"marker_log";
 /// The meta key holding the commit epoch: one more per applied batch.
 pub(crate) const META_COMMIT_EPOCH: &[u8] = b"commit_epoch";
+/// The meta key present while a conversion to packed blocks is unfinished.
+pub(crate) const META_PACKING: &[u8] = b"packing_pending";
 
 /// The keyspaces, one sled tree each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,6 +29,9 @@ pub(crate) enum TreeId {
     Sessions,
     /// Session ‖ position → live span.
     Spans,
+    /// Session ‖ first position of a packed block → the run of its live
+    /// spans (see `crate::blocks`).
+    Runs,
     /// Session ‖ span id → predicate of a live constraint.
     Pins,
     /// Session ‖ span id → evicted span and the marker that evicted it.
@@ -41,9 +46,10 @@ pub(crate) enum TreeId {
 
 impl TreeId {
     /// Every tree, in the order the writer's transaction takes them.
-    pub(crate) const ALL: [TreeId; 7] = [
+    pub(crate) const ALL: [TreeId; 8] = [
         TreeId::Sessions,
         TreeId::Spans,
+        TreeId::Runs,
         TreeId::Pins,
         TreeId::Archive,
         TreeId::Markers,
@@ -53,14 +59,20 @@ impl TreeId {
 
     /// The trees keyed by session prefix: what a session owns besides its
     /// record.
-    pub(crate) const PER_SESSION: [TreeId; 4] =
-        [TreeId::Spans, TreeId::Pins, TreeId::Archive, TreeId::Keys];
+    pub(crate) const PER_SESSION: [TreeId; 5] = [
+        TreeId::Spans,
+        TreeId::Runs,
+        TreeId::Pins,
+        TreeId::Archive,
+        TreeId::Keys,
+    ];
 
     /// The tree's name on disk and in errors.
     pub(crate) fn name(self) -> &'static str {
         match self {
             TreeId::Sessions => "sessions",
             TreeId::Spans => "spans",
+            TreeId::Runs => "runs",
             TreeId::Pins => "pins",
             TreeId::Archive => "archive",
             TreeId::Markers => "markers",
@@ -156,7 +168,7 @@ pub(crate) fn parse_session_number_key(key: &[u8]) -> Option<(String, u64)> {
 pub(crate) fn session_of(tree: TreeId, key: &[u8]) -> Option<String> {
     match tree {
         TreeId::Sessions => std::str::from_utf8(key).ok().map(str::to_owned),
-        TreeId::Spans | TreeId::Pins | TreeId::Archive => {
+        TreeId::Spans | TreeId::Runs | TreeId::Pins | TreeId::Archive => {
             parse_session_number_key(key).map(|(id, _)| id)
         }
         TreeId::Keys => parse_session_text_key(key).map(|(id, _)| id),
@@ -172,17 +184,19 @@ pub(crate) fn render(tree: TreeId, key: &[u8]) -> String {
             Ok(id) => format!("{id:?}"),
             Err(_) => raw(),
         },
-        TreeId::Spans | TreeId::Pins | TreeId::Archive => match parse_session_number_key(key) {
-            Some((id, n)) => {
-                let what = if tree == TreeId::Spans {
-                    "position"
-                } else {
-                    "span"
-                };
-                format!("{id:?}/{what} {n}")
+        TreeId::Spans | TreeId::Runs | TreeId::Pins | TreeId::Archive => {
+            match parse_session_number_key(key) {
+                Some((id, n)) => {
+                    let what = match tree {
+                        TreeId::Spans => "position",
+                        TreeId::Runs => "block from position",
+                        _ => "span",
+                    };
+                    format!("{id:?}/{what} {n}")
+                }
+                None => raw(),
             }
-            None => raw(),
-        },
+        }
         TreeId::Markers => match parse_marker_key(key) {
             Some(seq) => format!("seq {seq}"),
             None => raw(),

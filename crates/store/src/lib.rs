@@ -35,13 +35,16 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | sessions | session id | session record |
-//! | spans | session ‖ position (u64 BE) | live span |
+//! | spans | session ‖ position (u64 BE) | live span of a block not packed |
+//! | runs | session ‖ first position of a block (u64 BE) | the rows of a packed block's live spans (see `blocks`) |
 //! | pins | session ‖ span id (u64 BE) | the constraint's predicate |
 //! | archive | session ‖ span id (u64 BE) | evicted span and the seq that evicted it |
 //! | markers | seq (u64 BE) | marker |
 //! | meta | `format_version`, `marker_log` | format version; next and oldest seq |
 //! | keys | session ‖ idempotency key | the span admitted with it |
-//! | terms | session ‖ span id (u64 BE) | the span's term vector (20-bit term keys and counts, about two bytes a term), for search |
+//!
+//! A span's row, live or archived, carries its term vector for search
+//! (20-bit term keys and counts, about two bytes a term).
 //!
 //! "session" in a key is the id's length in one byte followed by the id,
 //! so a prefix scan of one session never reaches another. Values are
@@ -49,6 +52,7 @@
 //! payload; a record that fails either is reported as
 //! [`StoreError::Corrupt`] and never served.
 
+mod blocks;
 mod dir;
 mod error;
 mod keys;

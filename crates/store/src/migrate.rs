@@ -15,12 +15,26 @@
 //! which format 3 still reads); recording format 3 keeps builds that read
 //! the epoch only from the meta tree from taking the store for one that
 //! lost writes.
+//!
+//! Format 4 packs the live spans of a session's older blocks of positions
+//! into one value per block (see `crate::blocks`). Opening a format-3
+//! store records format 4 first, with a mark that the packing is pending
+//! (a format-3 build would take a run for a damaged row, so from then on
+//! it must refuse the store), then packs every block due, session by
+//! session, each session's blocks in one atomic batch of the spans tree,
+//! and removes the mark. A conversion cut short is finished at the next
+//! open, leaving packed blocks as they are. Rows are moved byte for byte,
+//! so a damaged row stays damaged, and is reported where it is read, as
+//! before.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use ctxbroker_core::SpanId;
 
+use sled::transaction::{ConflictableTransactionError, Transactional};
+
+use crate::blocks;
 use crate::error::StoreError;
 use crate::keys;
 use crate::record;
@@ -28,8 +42,9 @@ use crate::writer::Trees;
 use crate::writer::blobs::BlobSync;
 
 /// The format this build writes: term vectors in the spans' rows, commit
-/// epochs in the meta tree or in session records.
-pub(crate) const STORE_FORMAT: u32 = 3;
+/// epochs in the meta tree or in session records, older blocks of live
+/// spans packed.
+pub(crate) const STORE_FORMAT: u32 = 4;
 
 /// The format that kept term vectors in [`OLD_TERMS_TREE`].
 pub(crate) const SEPARATE_TERMS_FORMAT: u32 = 1;
@@ -37,6 +52,9 @@ pub(crate) const SEPARATE_TERMS_FORMAT: u32 = 1;
 /// The format that kept term vectors in the spans' rows and every commit
 /// epoch in the meta tree.
 pub(crate) const META_EPOCH_FORMAT: u32 = 2;
+
+/// The format that kept a row per live span, each under its own key.
+pub(crate) const ROW_PER_SPAN_FORMAT: u32 = 3;
 
 /// Brings a store of format `from` (checked: not newer than
 /// [`STORE_FORMAT`]) to this build's format.
@@ -49,11 +67,88 @@ pub(crate) fn upgrade(
     if from == SEPARATE_TERMS_FORMAT {
         pack_term_vectors(trees, dir, blobs)?;
     }
-    if from <= META_EPOCH_FORMAT {
+    let converting = from <= ROW_PER_SPAN_FORMAT;
+    let packing = converting
+        || trees
+            .meta
+            .contains_key(keys::META_PACKING)
+            .map_err(StoreError::engine)?;
+    if packing {
+        // Before anything is recorded, so that a refusal changes nothing.
+        ensure_room(dir)?;
+    }
+    if converting {
+        trees
+            .meta
+            .insert(keys::META_PACKING, &[][..])
+            .map_err(StoreError::engine)?;
         record_format(trees, STORE_FORMAT, blobs)?;
         tracing::info!("recorded store format {STORE_FORMAT} (was {from})");
     }
+    if packing {
+        pack_blocks(trees, blobs)?;
+        trees
+            .meta
+            .remove(keys::META_PACKING)
+            .map_err(StoreError::engine)?;
+        blobs.flush(&trees.db)?;
+    }
     Ok(())
+}
+
+/// Packs every block due of every session (see `crate::blocks`), one
+/// transaction over the spans and runs trees per session, flushed.
+/// Returns how many blocks it packed.
+fn pack_blocks(trees: &Trees, blobs: &mut BlobSync) -> Result<u64, StoreError> {
+    let started = std::time::Instant::now();
+    let (mut packed, mut sessions) = (0u64, 0u64);
+    for entry in trees.sessions.iter() {
+        let (key, value) = entry.map_err(StoreError::engine)?;
+        // A damaged record is reported where it is read; its spans stay
+        // as they are.
+        let Ok(session) = record::decode_session(&key, &value) else {
+            continue;
+        };
+        let due = blocks::blocks_due(0, session.next_span_id);
+        if due.is_empty() {
+            continue;
+        }
+        let (mut removed, mut runs) = (sled::Batch::default(), sled::Batch::default());
+        for block in due {
+            let (first, last) = blocks::block_keys(&session.id, block);
+            let mut rows = Vec::new();
+            for entry in trees.spans.range(first.clone()..=last) {
+                let (key, value) = entry.map_err(StoreError::engine)?;
+                rows.push((key, value));
+            }
+            let Some(run) = blocks::pack(&first, &rows)? else {
+                continue;
+            };
+            for (key, _) in &rows {
+                removed.remove(key);
+            }
+            runs.insert(first, run);
+            packed += 1;
+        }
+        (&trees.spans, &trees.runs)
+            .transaction(|(spans, packed_runs)| {
+                spans.apply_batch(&removed)?;
+                packed_runs.apply_batch(&runs)?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(crate::writer::transaction_error)?;
+        sessions += 1;
+    }
+    blobs.flush(&trees.db)?;
+    if packed > 0 {
+        tracing::info!(
+            sessions,
+            blocks = packed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "packed the older blocks of live spans of a format {ROW_PER_SPAN_FORMAT} store (format {STORE_FORMAT})"
+        );
+    }
+    Ok(packed)
 }
 
 /// Records `format` in the meta tree, flushed.
@@ -81,12 +176,7 @@ const BATCH_ROWS: usize = 1024;
 /// Returns how many rows it rewrote. A damaged span row is left as it is,
 /// to be reported where it is read, as before.
 fn pack_term_vectors(trees: &Trees, dir: &Path, blobs: &mut BlobSync) -> Result<u64, StoreError> {
-    let io = |what: &str, err: std::io::Error| {
-        StoreError::Io(format!("{what} {}: {err}", dir.display()))
-    };
-    let needed = files_bytes(dir).map_err(|e| io("measuring", e))?;
-    let available = fs2::available_space(dir).map_err(|e| io("reading the free space of", e))?;
-    check_room(dir, needed, available)?;
+    ensure_room(dir)?;
     let started = std::time::Instant::now();
     let old_terms = trees
         .db
@@ -151,6 +241,17 @@ fn pack_term_vectors(trees: &Trees, dir: &Path, blobs: &mut BlobSync) -> Result<
         "moved the term vectors of a format {SEPARATE_TERMS_FORMAT} store into its spans' rows (format {META_EPOCH_FORMAT})"
     );
     Ok(rewritten)
+}
+
+/// Refuses a conversion the file system of `dir` has no room for (see
+/// [`check_room`]).
+fn ensure_room(dir: &Path) -> Result<(), StoreError> {
+    let io = |what: &str, err: std::io::Error| {
+        StoreError::Io(format!("{what} {}: {err}", dir.display()))
+    };
+    let needed = files_bytes(dir).map_err(|e| io("measuring", e))?;
+    let available = fs2::available_space(dir).map_err(|e| io("reading the free space of", e))?;
+    check_room(dir, needed, available)
 }
 
 /// The bytes of the regular files under `dir`, subdirectories included.

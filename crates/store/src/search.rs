@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ctxbroker_core::search::{self, CorpusStats, Posting, SpanFilter, Standing};
 use ctxbroker_core::{Span, SpanId};
 
+use crate::blocks;
 use crate::error::StoreError;
-use crate::keys;
+use crate::keys::{self, TreeId};
 use crate::model::{SpanState, StoredSpan};
 use crate::record;
-use crate::store::{Store, count_walk, get_counted};
+use crate::store::{Store, count_walk, get_counted, walk_live};
 
 /// A search of one session's spans, live and archived.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -131,16 +132,14 @@ impl Store {
         self.require_session(session)?;
         let trees = self.trees();
         let start = after.map_or(0, |id| id.saturating_add(1));
-        let prefix = keys::session_prefix(session);
         let mut live: Vec<Span> = Vec::new();
-        for entry in trees.spans.scan_prefix(&prefix) {
-            let (key, value) = entry.map_err(StoreError::engine)?;
-            let span = record::decode_span(&key, &value)?;
+        walk_live(trees, session, |key, row| {
+            let span = record::decode_span(key, row)?;
             if span.id >= start {
                 live.push(span);
             }
-        }
-        count_walk(trees.spans.scan_prefix(&prefix))?;
+            Ok(())
+        })?;
         live.sort_by_key(|s| s.id);
         let mut live = live.into_iter().peekable();
         let archived = keys::session_numbers_from(session, start);
@@ -221,7 +220,10 @@ impl<'a> Resolver<'a> {
                 state: SpanState::Archived { by_seq },
             }));
         }
-        if let Some(value) = get_counted(&trees.spans, &key)? {
+        let row = blocks::row_at(self.session, span_id, |tree, key| {
+            Ok(get_counted(trees.tree(tree), key)?.map(|value| value.to_vec()))
+        })?;
+        if let Some(value) = row {
             let span = record::decode_span(&key, &value)?;
             if span.id == span_id {
                 return Ok(Some(StoredSpan {
@@ -232,12 +234,11 @@ impl<'a> Resolver<'a> {
         }
         if self.live_by_id.is_none() {
             let mut by_id = HashMap::new();
-            for entry in trees.spans.scan_prefix(keys::session_prefix(self.session)) {
-                let (key, value) = entry.map_err(StoreError::engine)?;
-                let span = record::decode_span(&key, &value)?;
+            walk_live(trees, self.session, |key, row| {
+                let span = record::decode_span(key, row)?;
                 by_id.insert(span.id, span);
-            }
-            count_walk(trees.spans.scan_prefix(keys::session_prefix(self.session)))?;
+                Ok(())
+            })?;
             self.live_by_id = Some(by_id);
         }
         Ok(self
@@ -310,27 +311,53 @@ impl SessionIndex {
     ) -> Result<bool, StoreError> {
         let from = self.through.map_or(0, |t| t.saturating_add(1));
         for (tree, rows) in trees.span_rows() {
-            for entry in rows.range(keys::session_numbers_from(session, from)) {
+            // A packed block's run stands at the block's first position,
+            // which may come before `from`.
+            let start = match tree {
+                TreeId::Runs => blocks::block_start(from),
+                _ => from,
+            };
+            for entry in rows.range(keys::session_numbers_from(session, start)) {
                 let (key, value) = entry.map_err(StoreError::engine)?;
-                let (span_id, packed) = record::stored_terms(tree, &key, &value)?;
-                let vector = record::decode_terms(tree, &key, &packed)?;
-                let doc = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
-                self.docs.push((span_id, vector.length));
-                self.total_length += u64::from(vector.length);
-                for e in &vector.entries {
-                    self.postings
-                        .entry(e >> 8)
-                        .or_default()
-                        .push((doc, e & 0xff));
-                }
-                self.entries += vector.entries.len();
-                self.through = Some(self.through.map_or(span_id, |t| t.max(span_id)));
-                if self.bytes() > budget {
+                let mut within = true;
+                blocks::rows_of(tree, &key, &value, |tree, key, row| {
+                    let position = keys::parse_session_number_key(key).map_or(0, |(_, at)| at);
+                    if within && position >= from {
+                        within = self.index(tree, key, row, budget)?;
+                    }
+                    Ok(())
+                })?;
+                if !within {
                     return Ok(false);
                 }
             }
         }
         Ok(true)
+    }
+
+    /// Adds one span's term vector; false once the postings pass `budget`
+    /// bytes.
+    fn index(
+        &mut self,
+        tree: TreeId,
+        key: &[u8],
+        row: &[u8],
+        budget: usize,
+    ) -> Result<bool, StoreError> {
+        let (span_id, packed) = record::stored_terms(tree, key, row)?;
+        let vector = record::decode_terms(tree, key, &packed)?;
+        let doc = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
+        self.docs.push((span_id, vector.length));
+        self.total_length += u64::from(vector.length);
+        for e in &vector.entries {
+            self.postings
+                .entry(e >> 8)
+                .or_default()
+                .push((doc, e & 0xff));
+        }
+        self.entries += vector.entries.len();
+        self.through = Some(self.through.map_or(span_id, |t| t.max(span_id)));
+        Ok(self.bytes() <= budget)
     }
 
     /// What the postings take, roughly: eight bytes a posting, sixteen a
@@ -474,19 +501,23 @@ fn read_postings(
     for (tree, rows) in trees.span_rows() {
         for entry in rows.scan_prefix(&prefix) {
             let (key, value) = entry.map_err(StoreError::engine)?;
-            let (span_id, packed) = record::stored_terms(tree, &key, &value)?;
-            let (length, frequencies) = record::term_frequencies(tree, &key, &packed, term_keys)?;
-            totals.spans += 1;
-            totals.total_length += u64::from(length);
-            for (holders, frequency) in postings.iter_mut().zip(frequencies) {
-                if frequency > 0 {
-                    holders.push(Posting {
-                        span_id,
-                        frequency,
-                        length,
-                    });
+            blocks::rows_of(tree, &key, &value, |tree, key, row| {
+                let (span_id, packed) = record::stored_terms(tree, key, row)?;
+                let (length, frequencies) =
+                    record::term_frequencies(tree, key, &packed, term_keys)?;
+                totals.spans += 1;
+                totals.total_length += u64::from(length);
+                for (holders, frequency) in postings.iter_mut().zip(frequencies) {
+                    if frequency > 0 {
+                        holders.push(Posting {
+                            span_id,
+                            frequency,
+                            length,
+                        });
+                    }
                 }
-            }
+                Ok(())
+            })?;
         }
     }
     Ok((totals, postings))

@@ -291,7 +291,7 @@ async fn a_store_from_a_newer_build_is_refused() {
     }
     match Store::open(dir.path(), StoreOptions::default()) {
         Err(StoreError::UnsupportedFormat { found, supported }) => {
-            assert_eq!((found, supported), (7, 3));
+            assert_eq!((found, supported), (7, 4));
         }
         other => panic!("expected UnsupportedFormat, got {other:?}"),
     }
@@ -912,7 +912,7 @@ async fn an_engine_behind_the_recorded_commit_epoch_is_refused() {
     assert_eq!(store.session("hurt").unwrap().unwrap().revision, 3);
 }
 
-fn search_ids(store: &Store, session: &str, text: &str) -> Result<Vec<u64>, StoreError> {
+pub(crate) fn search_ids(store: &Store, session: &str, text: &str) -> Result<Vec<u64>, StoreError> {
     let query = crate::SearchQuery {
         terms: ctxbroker_core::search::query_terms(text),
         filter: Default::default(),
@@ -1005,10 +1005,10 @@ fn span_rows(store: &Store, session: &str) -> Vec<(Span, Option<Vec<u8>>)> {
 }
 
 /// A format-2 store kept every commit epoch in the meta tree: opened, it
-/// is served as it is and recorded as format 3, whose batches of appends
-/// carry their epoch in a session record.
+/// is served as it is and recorded as this build's format, whose batches
+/// of appends carry their epoch in a session record.
 #[tokio::test]
-async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
+async fn a_format_two_store_is_served_as_it_is_and_recorded_as_this_builds_format() {
     let dir = tempfile::tempdir().unwrap();
     let sessions = {
         let store = populated(dir.path()).await;
@@ -1041,7 +1041,7 @@ async fn a_format_two_store_is_served_as_it_is_and_recorded_as_format_three() {
     };
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     assert_eq!(store.sessions_under("", None, 10).unwrap(), sessions);
-    assert_eq!(recorded_format(&store), 3);
+    assert_eq!(recorded_format(&store), 4);
 }
 
 /// The value of `key` in the meta tree, which must be there.
@@ -1092,7 +1092,7 @@ async fn a_format_one_store_moves_its_term_vectors_into_the_spans_rows() {
                 .iter()
                 .any(|n| n.as_ref() == b"terms")
         );
-        assert_eq!(recorded_format(&store), 3);
+        assert_eq!(recorded_format(&store), 4);
         store.close().unwrap();
         drop(store);
         // Opened again, there is nothing left to move.

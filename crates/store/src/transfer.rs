@@ -39,6 +39,7 @@ use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::{Span, SpanId};
 use prost::Message;
 
+use crate::blocks;
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{SessionRecord, WriteAck};
@@ -78,7 +79,7 @@ fn tree_code(tree: TreeId) -> Option<u32> {
         TreeId::Spans => Some(2),
         TreeId::Archive => Some(3),
         TreeId::Keys => Some(4),
-        TreeId::Pins | TreeId::Markers | TreeId::Meta => None,
+        TreeId::Runs | TreeId::Pins | TreeId::Markers | TreeId::Meta => None,
     }
 }
 
@@ -320,7 +321,7 @@ impl SessionImport {
                     let span = record::decode_key(&entry.key, &entry.value).map_err(damaged)?;
                     keyed.push((keys::render(tree, &entry.key), span));
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta => {
+                TreeId::Runs | TreeId::Pins | TreeId::Markers | TreeId::Meta => {
                     return Err(bad_body(format!(
                         "{what}: not a keyspace a snapshot carries"
                     )));
@@ -464,7 +465,7 @@ impl Store {
                     record::decode_key(key, value)?;
                     idempotency_keys += 1;
                 }
-                TreeId::Pins | TreeId::Markers | TreeId::Meta => {}
+                TreeId::Runs | TreeId::Pins | TreeId::Markers | TreeId::Meta => {}
             }
         }
         let Some(exported) = exported else {
@@ -501,7 +502,17 @@ impl Store {
         };
         let mut records = vec![(TreeId::Sessions, key, value.to_vec())];
         let prefix = keys::session_prefix(id);
-        for tree in [TreeId::Spans, TreeId::Archive, TreeId::Keys] {
+        // A snapshot carries a row per live span, however its block is
+        // stored here.
+        blocks::in_position_order(
+            blocks::entries(trees.spans.scan_prefix(&prefix)),
+            blocks::entries(trees.runs.scan_prefix(&prefix)),
+            |key, row| {
+                records.push((TreeId::Spans, key.to_vec(), row.to_vec()));
+                Ok(())
+            },
+        )?;
+        for tree in [TreeId::Archive, TreeId::Keys] {
             for entry in trees.tree(tree).scan_prefix(&prefix) {
                 let (key, value) = entry.map_err(StoreError::engine)?;
                 records.push((tree, key.to_vec(), value.to_vec()));
@@ -558,6 +569,9 @@ pub(crate) fn stage_import(
             _ => value,
         };
         stage.put(tree, key, value);
+    }
+    for block in blocks::blocks_due(0, import.record.next_span_id) {
+        stage.pack_block(&id, block)?;
     }
     for span in &import.live {
         if span.classification.class == SpanClass::Constraint {

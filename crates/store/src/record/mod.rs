@@ -16,6 +16,7 @@
 
 mod convert;
 mod rows;
+mod run;
 
 use ctxbroker_core::search::{TermVector, codec};
 use ctxbroker_core::span::Predicate;
@@ -27,6 +28,7 @@ use crate::keys::{self, TreeId};
 use crate::model::{Pin, SessionRecord};
 use convert::*;
 use rows::*;
+pub(crate) use run::{encode_run, open_run};
 
 /// The record format this build writes and reads.
 pub(crate) const FORMAT_VERSION: u8 = 1;

@@ -24,6 +24,7 @@
 
 pub(crate) mod blobs;
 mod flusher;
+mod packing;
 mod stage;
 
 pub(crate) use flusher::*;
@@ -59,6 +60,7 @@ pub(crate) struct Trees {
     pub(crate) db: sled::Db,
     pub(crate) sessions: sled::Tree,
     pub(crate) spans: sled::Tree,
+    pub(crate) runs: sled::Tree,
     pub(crate) pins: sled::Tree,
     pub(crate) archive: sled::Tree,
     pub(crate) markers: sled::Tree,
@@ -72,6 +74,7 @@ impl Trees {
         Ok(Trees {
             sessions: tree(TreeId::Sessions)?,
             spans: tree(TreeId::Spans)?,
+            runs: tree(TreeId::Runs)?,
             pins: tree(TreeId::Pins)?,
             archive: tree(TreeId::Archive)?,
             markers: tree(TreeId::Markers)?,
@@ -82,11 +85,13 @@ impl Trees {
     }
 
     /// The trees a span's row stands in, each with its id: archived spans
-    /// (by id), then live ones (by position). Search reads both.
-    pub(crate) fn span_rows(&self) -> [(TreeId, &sled::Tree); 2] {
+    /// (by id), then live ones (by position), alone or in packed blocks'
+    /// runs. Search reads them all.
+    pub(crate) fn span_rows(&self) -> [(TreeId, &sled::Tree); 3] {
         [
             (TreeId::Archive, &self.archive),
             (TreeId::Spans, &self.spans),
+            (TreeId::Runs, &self.runs),
         ]
     }
 
@@ -94,6 +99,7 @@ impl Trees {
         match id {
             TreeId::Sessions => &self.sessions,
             TreeId::Spans => &self.spans,
+            TreeId::Runs => &self.runs,
             TreeId::Pins => &self.pins,
             TreeId::Archive => &self.archive,
             TreeId::Markers => &self.markers,
@@ -327,8 +333,9 @@ impl Writer {
     /// when that spares it two hand-offs between threads and costs nobody
     /// a wait: durability is relaxed (no flush to wait for), the write only
     /// appends a turn (a few engine inserts into pages the session's last
-    /// turn touched: no transaction, no marker, nothing for the commit
-    /// hook), the writer is not applying a batch (the lock is free) and the
+    /// turn touched: no marker, nothing for the commit hook, and no
+    /// transaction but for the turn that packs one of the session's blocks,
+    /// one in 16), the writer is not applying a batch (the lock is free) and the
     /// blob files are not due a sync. (The caller offers only turns small
     /// enough to be encoded on its task: see `Store::write`.) Its outcome
     /// is on its `ack` when this returns. Gives the request back otherwise
@@ -707,36 +714,46 @@ fn transact(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
     let result = (
         &trees.sessions,
         &trees.spans,
+        &trees.runs,
         &trees.pins,
         &trees.archive,
         &trees.markers,
         &trees.meta,
         &trees.keys,
     )
-        .transaction(|(sessions, spans, pins, archive, markers, meta, keys)| {
-            for ((tree, key), value) in writes {
-                let tree = match tree {
-                    TreeId::Sessions => sessions,
-                    TreeId::Spans => spans,
-                    TreeId::Pins => pins,
-                    TreeId::Archive => archive,
-                    TreeId::Markers => markers,
-                    TreeId::Meta => meta,
-                    TreeId::Keys => keys,
-                };
-                match value {
-                    Some(value) => {
-                        tree.insert(key.as_slice(), value.as_slice())?;
-                    }
-                    None => {
-                        tree.remove(key.as_slice())?;
+        .transaction(
+            |(sessions, spans, runs, pins, archive, markers, meta, keys)| {
+                for ((tree, key), value) in writes {
+                    let tree = match tree {
+                        TreeId::Sessions => sessions,
+                        TreeId::Spans => spans,
+                        TreeId::Runs => runs,
+                        TreeId::Pins => pins,
+                        TreeId::Archive => archive,
+                        TreeId::Markers => markers,
+                        TreeId::Meta => meta,
+                        TreeId::Keys => keys,
+                    };
+                    match value {
+                        Some(value) => {
+                            tree.insert(key.as_slice(), value.as_slice())?;
+                        }
+                        None => {
+                            tree.remove(key.as_slice())?;
+                        }
                     }
                 }
-            }
-            Ok::<(), ConflictableTransactionError<()>>(())
-        });
-    result.map_err(|err| match err {
+                Ok::<(), ConflictableTransactionError<()>>(())
+            },
+        );
+    result.map_err(transaction_error)
+}
+
+/// The store's error for a failed engine transaction whose closure never
+/// aborts.
+pub(crate) fn transaction_error(err: TransactionError<()>) -> StoreError {
+    match err {
         TransactionError::Abort(()) => StoreError::Engine("transaction aborted".into()),
         TransactionError::Storage(err) => StoreError::engine(err),
-    })
+    }
 }

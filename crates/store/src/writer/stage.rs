@@ -10,6 +10,7 @@ use ctxbroker_core::marker::Outcome;
 use ctxbroker_core::span::SpanClass;
 use ctxbroker_core::{Marker, Span, SpanId};
 
+use crate::blocks;
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{Change, SessionRecord, WriteAck, WriteOp};
@@ -151,16 +152,44 @@ impl<'a> Stage<'a> {
 
     /// Every live entry under `prefix`, in key order.
     pub(super) fn scan(&self, tree: TreeId, prefix: &[u8]) -> Result<Vec<Entry>, StoreError> {
+        self.merged(
+            tree,
+            self.trees.tree(tree).scan_prefix(prefix),
+            prefix,
+            |key| key.starts_with(prefix),
+        )
+    }
+
+    /// Every live entry from `first` to `last`, both included, in key
+    /// order.
+    pub(super) fn scan_range(
+        &self,
+        tree: TreeId,
+        first: &[u8],
+        last: &[u8],
+    ) -> Result<Vec<Entry>, StoreError> {
+        let engine = self.trees.tree(tree).range(first..=last);
+        self.merged(tree, engine, first, |key| key <= last)
+    }
+
+    /// The engine's entries from `from` on while `within` holds, with the
+    /// batch's and the current write's staged changes over them.
+    fn merged(
+        &self,
+        tree: TreeId,
+        engine: sled::Iter,
+        from: &[u8],
+        within: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<Entry>, StoreError> {
         let mut merged: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-        for entry in self.trees.tree(tree).scan_prefix(prefix) {
+        for entry in engine {
             let (key, value) = entry.map_err(StoreError::engine)?;
             self.count_read();
             merged.insert(key.to_vec(), Some(value.to_vec()));
         }
         for layer in [&self.batch, &self.op] {
-            let from = (tree, prefix.to_vec());
-            for ((t, key), value) in layer.range(from..) {
-                if *t != tree || !key.starts_with(prefix) {
+            for ((t, key), value) in layer.range((tree, from.to_vec())..) {
+                if *t != tree || !within(key) {
                     break;
                 }
                 merged.insert(key.clone(), value.clone());
@@ -317,9 +346,8 @@ fn insert_span(
     free_from: &mut u64,
 ) -> Result<(), StoreError> {
     let key = keys::session_number_key(session, span.position);
-    if span.position < *free_from
-        && let Some(taken) = stage.get(TreeId::Spans, &key)?
-    {
+    let known_free = span.position >= *free_from;
+    if !known_free && let Some(taken) = stage.span_row(session, span.position)? {
         let holder = record::decode_span(&key, &taken)?;
         return Err(invalid(
             session,
@@ -334,7 +362,12 @@ fn insert_span(
         Some(row) => row.span,
         None => record::encode_seeded_span(&key, span, record::span_terms(span), facts::seed(span)),
     };
-    stage.put(TreeId::Spans, key, value);
+    if known_free {
+        // At or past the stored next span id: its block is not packed.
+        stage.put(TreeId::Spans, key, value);
+    } else {
+        stage.put_span_row(session, span.position, value)?;
+    }
     if span.classification.class == SpanClass::Constraint {
         let key = keys::session_number_key(session, span.id);
         let value = record::encode_pin(&key, span.id, span.predicate.as_ref());
@@ -343,57 +376,46 @@ fn insert_span(
     Ok(())
 }
 
-/// A live span as [`find_live`] finds it: its key, the span, and the term
-/// vector its row carries.
+/// A live span as [`find_live`] finds it: the span, and the term vector
+/// its row carries.
 struct Live {
-    key: Vec<u8>,
     span: Span,
     terms: Option<Vec<u8>>,
 }
 
 /// Finds a live span by id: spans are keyed by position, which equals the
 /// id for admitted spans; summaries stand elsewhere, so on a miss the
-/// session's live spans are indexed once.
+/// session's live spans are indexed once, id to position.
 fn find_live(
     stage: &Stage<'_>,
     session: &str,
     id: SpanId,
-    index: &mut Option<HashMap<SpanId, Vec<u8>>>,
+    index: &mut Option<HashMap<SpanId, u64>>,
 ) -> Result<Option<Live>, StoreError> {
-    let direct = keys::session_number_key(session, id);
-    if let Some(value) = stage.get(TreeId::Spans, &direct)? {
-        let (span, terms) = record::decode_span_with_terms(&direct, &value)?;
-        if span.id == id {
-            return Ok(Some(Live {
-                key: direct,
-                span,
-                terms,
-            }));
-        }
+    let at = |position: u64| -> Result<Option<Live>, StoreError> {
+        let Some(value) = stage.span_row(session, position)? else {
+            return Ok(None);
+        };
+        let key = keys::session_number_key(session, position);
+        let (span, terms) = record::decode_span_with_terms(&key, &value)?;
+        Ok((span.id == id).then_some(Live { span, terms }))
+    };
+    if let Some(live) = at(id)? {
+        return Ok(Some(live));
     }
     if index.is_none() {
         let mut by_id = HashMap::new();
-        for (key, value) in stage.scan(TreeId::Spans, &keys::session_prefix(session))? {
+        for (key, value) in stage.live_span_rows(session)? {
             let span = record::decode_span(&key, &value)?;
-            by_id.insert(span.id, key);
+            by_id.insert(span.id, span.position);
         }
         *index = Some(by_id);
     }
-    let Some(key) = index.as_ref().and_then(|by_id| by_id.get(&id)) else {
-        return Ok(None);
-    };
-    // The index predates this write's own changes: read the key again.
-    if let Some(value) = stage.get(TreeId::Spans, key)? {
-        let (span, terms) = record::decode_span_with_terms(key, &value)?;
-        if span.id == id {
-            return Ok(Some(Live {
-                key: key.clone(),
-                span,
-                terms,
-            }));
-        }
+    match index.as_ref().and_then(|by_id| by_id.get(&id)) {
+        // The index predates this write's own changes: read the row again.
+        Some(&position) => at(position),
+        None => Ok(None),
     }
-    Ok(None)
 }
 
 /// Checks that a span id is one of those the write gives out: at least the
@@ -526,6 +548,14 @@ fn delete_contents(stage: &mut Stage<'_>, session: &str) -> Result<u64, StoreErr
     let prefix = keys::session_prefix(session);
     let mut spans_deleted = 0;
     for tree in TreeId::PER_SESSION {
+        if tree == TreeId::Runs {
+            // A packed block's run holds several spans.
+            for (key, run) in stage.scan(tree, &prefix)? {
+                spans_deleted += blocks::rows_in_run(&key, &run)?;
+                stage.del(tree, key);
+            }
+            continue;
+        }
         for key in stage.scan_keys(tree, &prefix)? {
             if matches!(tree, TreeId::Spans | TreeId::Archive) {
                 spans_deleted += 1;
@@ -554,7 +584,7 @@ fn retract(
     let mut ids = std::collections::HashSet::with_capacity(spans.len());
     for span in spans {
         let key = keys::session_number_key(session, span.position);
-        let holder = match stage.get(TreeId::Spans, &key)? {
+        let holder = match stage.span_row(session, span.position)? {
             Some(value) => Some(record::decode_span(&key, &value)?.id),
             None => None,
         };
@@ -567,7 +597,7 @@ fn retract(
                 ),
             ));
         }
-        stage.del(TreeId::Spans, key);
+        stage.del_span_row(session, span.position)?;
         let by_id = keys::session_number_key(session, span.id);
         if stage.get(TreeId::Pins, &by_id)?.is_some() {
             stage.del(TreeId::Pins, by_id);
@@ -648,10 +678,10 @@ fn write_change(
 
     let mut index = None;
     for id in evict {
-        let Some(Live { key, span, terms }) = find_live(stage, session, id, &mut index)? else {
+        let Some(Live { span, terms }) = find_live(stage, session, id, &mut index)? else {
             return Err(invalid(session, format!("span {id} to evict is not live")));
         };
-        stage.del(TreeId::Spans, key);
+        stage.del_span_row(session, span.position)?;
         let archive_key = keys::session_number_key(session, id);
         // The term vector moves with the span, as it was first stored.
         let terms = terms.unwrap_or_else(|| record::span_terms(&span));
@@ -663,7 +693,7 @@ fn write_change(
     }
     for span in &replace {
         let key = keys::session_number_key(session, span.position);
-        let (holder, terms) = match stage.get(TreeId::Spans, &key)? {
+        let (holder, terms) = match stage.span_row(session, span.position)? {
             Some(value) => {
                 let (held, terms) = record::decode_span_with_terms(&key, &value)?;
                 let terms = terms.unwrap_or_else(|| record::span_terms(&held));
@@ -684,7 +714,7 @@ fn write_change(
         // A span is indexed once, as it was stored: a rewrite keeps the
         // term vector of the text it replaces.
         let value = record::encode_span(&key, span, terms);
-        stage.put(TreeId::Spans, key, value);
+        stage.put_span_row(session, span.position, value)?;
         sync_pin(stage, session, span)?;
     }
     let mut free_from = stored.next_span_id;
@@ -715,6 +745,9 @@ fn write_change(
         }
         let value = record::encode_key(&stored_key, *span_id);
         stage.put(TreeId::Keys, stored_key, value);
+    }
+    for block in blocks::blocks_due(stored.next_span_id, record.next_span_id) {
+        stage.pack_block(session, block)?;
     }
     let marker_seq = marker.map(|marker| {
         put_marker(stage, marker, seq, effects);
