@@ -12,7 +12,8 @@
 //! The writer packs a block once the session's `next_span_id` is a whole
 //! block past its end (so the block being appended to and the one before
 //! it stay a row per span, and an append writes only new keys), in the
-//! write that moves `next_span_id` there. A rewrite, eviction or summary
+//! write that moves `next_span_id` there, unless a row of the block is
+//! larger than [`MAX_PACKED_ROW_BYTES`]. A rewrite, eviction or summary
 //! that lands in a packed block rewrites its run. Runs have a tree of
 //! their own so that removing a packed block's rows, which empties pages
 //! of the spans tree, never merges those pages into pages of runs: the
@@ -27,6 +28,13 @@ use crate::record;
 
 /// Positions per block.
 pub(crate) const BLOCK_SPANS: u64 = 16;
+
+/// The largest row a packed block holds: a block with a larger one (a long
+/// tool output, say) keeps a row per span. Such a row is worth its own key,
+/// and runs this size keep a page of 16 runs within the 128 KiB past which
+/// the engine writes a page to a file of its own, rewritten whole at every
+/// consolidation.
+pub(crate) const MAX_PACKED_ROW_BYTES: usize = 8 * 1024;
 
 /// The first position of the block that holds `position`.
 pub(crate) fn block_start(position: u64) -> u64 {
@@ -158,12 +166,17 @@ pub(crate) fn row_at(
 
 /// The run packing a block's rows, given each under its own key in key
 /// order, under the block's first key `first`; `None` when that gains
-/// nothing (fewer than two rows).
+/// nothing (fewer than two rows) or a row is larger than
+/// [`MAX_PACKED_ROW_BYTES`].
 pub(crate) fn pack<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     first: &[u8],
     rows: &[(K, V)],
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    if rows.len() < 2 {
+    if rows.len() < 2
+        || rows
+            .iter()
+            .any(|(_, row)| row.as_ref().len() > MAX_PACKED_ROW_BYTES)
+    {
         return Ok(None);
     }
     let mut positions = Vec::with_capacity(rows.len());

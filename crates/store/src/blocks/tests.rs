@@ -391,3 +391,26 @@ async fn a_store_of_a_row_per_span_has_its_blocks_packed_when_opened() {
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     assert!(layout(&store, "s").iter().all(|(_, run)| !run));
 }
+
+#[tokio::test]
+async fn a_block_holding_a_long_row_keeps_a_row_per_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut session = Session::new("s");
+    store.write(session.create()).await.unwrap();
+    let mut spans = Vec::new();
+    for _ in 0..50 {
+        let mut next = session.next_spans(1);
+        if next[0].id == 5 {
+            next[0].text = "a long tool output ".repeat(500);
+        }
+        spans.extend(next.iter().cloned());
+        store.write(session.admit(next)).await.unwrap();
+    }
+    // Blocks 0 and 1 are due; block 0 holds the long row.
+    let mut expected: Vec<(u64, bool)> = (1..BLOCK_SPANS).map(|p| (p, false)).collect();
+    expected.push((BLOCK_SPANS, true));
+    expected.extend((2 * BLOCK_SPANS..=50).map(|p| (p, false)));
+    assert_eq!(layout(&store, "s"), expected);
+    assert_eq!(live(&store), spans);
+}
