@@ -317,12 +317,13 @@ impl SessionIndex {
                 TreeId::Runs => blocks::block_start(from),
                 _ => from,
             };
+            // Keys of one session sort by their number.
+            let first = keys::session_number_key(session, from);
             for entry in rows.range(keys::session_numbers_from(session, start)) {
                 let (key, value) = entry.map_err(StoreError::engine)?;
                 let mut within = true;
                 blocks::rows_of(tree, &key, &value, |tree, key, row| {
-                    let position = keys::parse_session_number_key(key).map_or(0, |(_, at)| at);
-                    if within && position >= from {
+                    if within && key >= first.as_slice() {
                         within = self.index(tree, key, row, budget)?;
                     }
                     Ok(())

@@ -798,9 +798,9 @@ pub(crate) fn get_counted(tree: &sled::Tree, key: &[u8]) -> Result<Option<sled::
 
 /// Calls `f` with the key and row of each of a session's live spans, in
 /// position order, under the caller's snapshot (see
-/// [`blocks::in_position_order`]); then walks them again for the engine's
-/// cache ([`count_walk`]), visiting each packed block's run once more by
-/// key.
+/// [`blocks::in_position_order`]); then walks the rows again for the
+/// engine's cache ([`count_walk`]), and looks each packed block's run up
+/// once more by key.
 ///
 /// The engine takes note of the pages a thread touched in batches, 64
 /// notes per shard of its cache (256 shards), and pages out only when it
@@ -817,14 +817,15 @@ pub(crate) fn walk_live(
     f: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let prefix = keys::session_prefix(session);
-    blocks::in_position_order(
-        blocks::entries(trees.spans.scan_prefix(&prefix)),
-        blocks::entries(trees.runs.scan_prefix(&prefix)),
-        f,
-    )?;
+    let mut run_keys = Vec::new();
+    let runs = blocks::entries(trees.runs.scan_prefix(&prefix)).inspect(|entry| {
+        if let Ok((key, _)) = entry {
+            run_keys.push(key.clone());
+        }
+    });
+    blocks::in_position_order(blocks::entries(trees.spans.scan_prefix(&prefix)), runs, f)?;
     count_walk(trees.spans.scan_prefix(&prefix))?;
-    for key in trees.runs.scan_prefix(&prefix).keys() {
-        let key = key.map_err(StoreError::engine)?;
+    for key in run_keys {
         trees.runs.get(&key).map_err(StoreError::engine)?;
     }
     Ok(())
