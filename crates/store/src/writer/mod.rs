@@ -38,6 +38,7 @@ use std::thread::JoinHandle;
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::blocks;
 use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::model::{MarkerBounds, StoreStats, WriteAck, WriteOp};
@@ -333,9 +334,8 @@ impl Writer {
     /// when that spares it two hand-offs between threads and costs nobody
     /// a wait: durability is relaxed (no flush to wait for), the write only
     /// appends a turn (a few engine inserts into pages the session's last
-    /// turn touched: no marker, nothing for the commit hook, and no
-    /// transaction but for the turn that packs one of the session's blocks,
-    /// one in 16), the writer is not applying a batch (the lock is free) and the
+    /// turn touched, and one turn in 16 a block packed: no marker, nothing
+    /// for the commit hook, no transaction), the writer is not applying a batch (the lock is free) and the
     /// blob files are not due a sync. (The caller offers only turns small
     /// enough to be encoded on its task: see `Store::write`.) Its outcome
     /// is on its `ack` when this returns. Gives the request back otherwise
@@ -585,35 +585,52 @@ fn append_only_session(op: &Op) -> Option<&str> {
 
 /// Whether a batch's writes are appends that [`put_in_order`] can apply
 /// without a transaction; false when the batch holds anything else (then
-/// it needs one).
+/// it needs one). The caller has checked that every write of the batch
+/// only appends to a session no other write touches (see
+/// [`append_only_session`]).
 ///
-/// Appending writes only keys that did not exist (spans, pins and
-/// idempotency keys of span ids from the session's `next_span_id` on; an
-/// appended span's position is its id) and then replaces the session's
-/// record, which moves `next_span_id` past them. The engine recovers a
-/// prefix of its log after a crash, so applying every span first, then
-/// the other new keys, then the records, leaves a session of a torn batch
-/// in one of two states: its record written, so the whole append is
-/// there; or not, so what survived of the append lies at span ids from
-/// its record's `next_span_id` on, starting with a span at that position.
-/// That span is how [`repair_torn_appends`] finds such a session when the
-/// store opens, and removes the rest. The batch's commit epoch rides in
+/// Appending writes keys that did not exist (spans, pins and idempotency
+/// keys of span ids from the session's `next_span_id` on; an appended
+/// span's position is its id), packs the blocks the move of
+/// `next_span_id` makes due (a run put, the block's rows removed: see
+/// `crate::blocks`), and then replaces the session's record. The engine
+/// recovers a prefix of its log after a crash, so applying the writes in
+/// [`APPEND_ORDER`] leaves a session of a torn batch in one of two states:
+/// its record written, so the whole append is there; or not, so what
+/// survived of the append lies at span ids from its record's
+/// `next_span_id` on, starting with a span at that position or a run of
+/// a block not yet due, which holds that position or the rows the pack
+/// was moving (the rows are removed only after the run is in). That span
+/// or run is how [`repair_torn_appends`] finds such a session when the
+/// store opens, and undoes the rest. The batch's commit epoch rides in
 /// the last record it puts ([`stamp_last_record`]): the engine recovers
 /// it only with everything the batch wrote before it.
 ///
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
 fn in_order(writes: &Writes) -> bool {
-    // A write to any other tree, or a removal, is not an append.
     writes.len() <= IN_ORDER_MAX_WRITES
         && writes
             .iter()
-            .all(|((tree, _), value)| value.is_some() && APPEND_ORDER.contains(tree))
+            .all(|((tree, _), value)| append_step(*tree, value.is_some()).is_some())
 }
 
-/// The trees a batch of appends writes, in the order [`put_in_order`]
-/// applies them (see [`in_order`]).
-const APPEND_ORDER: [TreeId; 4] = [TreeId::Spans, TreeId::Pins, TreeId::Keys, TreeId::Sessions];
+/// The steps in which [`put_in_order`] applies a batch of appends (see
+/// [`in_order`]): a tree, and whether the step puts (else removes).
+pub(crate) const APPEND_ORDER: [(TreeId, bool); 6] = [
+    (TreeId::Spans, true),
+    (TreeId::Runs, true),
+    (TreeId::Pins, true),
+    (TreeId::Keys, true),
+    (TreeId::Spans, false),
+    (TreeId::Sessions, true),
+];
+
+/// The step of [`APPEND_ORDER`] that applies a put (`put`) or a removal
+/// in `tree`, or `None` when a batch of appends has none.
+pub(crate) fn append_step(tree: TreeId, put: bool) -> Option<usize> {
+    APPEND_ORDER.iter().position(|step| *step == (tree, put))
+}
 
 /// Puts `epoch` into the last session record of a batch of appends, the
 /// last write [`put_in_order`] applies; false when there is none to carry
@@ -634,30 +651,36 @@ fn stamp_last_record(writes: &mut Writes, epoch: u64) -> bool {
     }
 }
 
-/// Applies a batch of appends one write at a time, tree by tree in
+/// Applies a batch of appends one write at a time, step by step in
 /// [`APPEND_ORDER`] (see [`in_order`]).
 fn put_in_order(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
-    for tree in APPEND_ORDER {
-        for ((t, key), value) in writes {
-            if let (true, Some(value)) = (*t == tree, value) {
-                trees
-                    .tree(tree)
-                    .insert(key.as_slice(), value.as_slice())
-                    .map_err(StoreError::engine)?;
+    for step in 0..APPEND_ORDER.len() {
+        for ((tree, key), value) in writes {
+            if append_step(*tree, value.is_some()) != Some(step) {
+                continue;
             }
+            let tree = trees.tree(*tree);
+            match value {
+                Some(value) => tree.insert(key.as_slice(), value.as_slice()),
+                None => tree.remove(key.as_slice()),
+            }
+            .map_err(StoreError::engine)?;
         }
     }
     Ok(())
 }
 
-/// Removes what survived of appends a crash tore (see [`in_order`]): for
+/// Undoes what survived of appends a crash tore (see [`in_order`]): for
 /// each session, the spans, pins and idempotency keys of span ids its
-/// record has not reached. A session's torn append starts with a span at
-/// its record's `next_span_id`, so one look-up per session finds it; the
-/// spans go last, so a repair cut short is found again. (A format-1 store
-/// wrote each span's term row before it: term rows a crash left without
-/// their span go with that format's terms tree when the store is
-/// converted, see `migrate`.) Returns how many sessions it repaired.
+/// record has not reached, and the runs of blocks it has not made due,
+/// whose rows before `next_span_id` go back to keys of their own first
+/// (the pack may have removed them). A session's torn append starts with
+/// a span at its record's `next_span_id` or with such a run, so a look-up
+/// in each tree per session finds it; the runs go last, so a repair cut
+/// short is found again. (A format-1 store wrote each span's term row
+/// before it: term rows a crash left without their span go with that
+/// format's terms tree when the store is converted, see `migrate`.)
+/// Returns how many sessions it repaired.
 pub(crate) fn repair_torn_appends(
     trees: &Trees,
     blobs: &mut blobs::BlobSync,
@@ -675,9 +698,33 @@ pub(crate) fn repair_torn_appends(
         }
         let next = record.next_span_id;
         let torn = keys::session_numbers_from(session, next);
+        let not_due = blocks::blocks_due(0, next).end * blocks::BLOCK_SPANS;
+        let runs = trees
+            .runs
+            .range(keys::session_numbers_from(session, not_due))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::engine)?;
         let first = trees.spans.range(torn.clone()).next().transpose();
-        if first.map_err(StoreError::engine)?.is_none() {
+        if first.map_err(StoreError::engine)?.is_none() && runs.is_empty() {
             continue;
+        }
+        let next_key = keys::session_number_key(session, next);
+        let mut undone = Vec::with_capacity(runs.len());
+        for (at, run) in &runs {
+            let restored = blocks::for_each_run_row(at, run, |key, row| {
+                if key < next_key.as_slice()
+                    && !trees.spans.contains_key(key).map_err(StoreError::engine)?
+                {
+                    trees.spans.insert(key, row).map_err(StoreError::engine)?;
+                }
+                Ok(())
+            });
+            match restored {
+                Ok(()) => undone.push(at),
+                // A damaged run stays, for its readers to report.
+                Err(StoreError::Corrupt { .. }) => {}
+                Err(err) => return Err(err),
+            }
         }
         let prefix = keys::session_prefix(session);
         for entry in trees.keys.scan_prefix(&prefix) {
@@ -691,6 +738,9 @@ pub(crate) fn repair_torn_appends(
                 let key = entry.map_err(StoreError::engine)?;
                 tree.remove(&key).map_err(StoreError::engine)?;
             }
+        }
+        for at in undone {
+            trees.runs.remove(at).map_err(StoreError::engine)?;
         }
         tracing::warn!(
             session_id = session,
