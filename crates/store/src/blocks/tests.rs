@@ -436,45 +436,48 @@ fn admission_rows(store: &Store) -> BTreeMap<At, Vec<u8>> {
     rows
 }
 
-/// A turn that packs blocks leaves, after a crash, a prefix of its writes
-/// in the order the writer applies them (the engine recovers a prefix of
-/// its log). Cut after any of them, the store opens with the turn undone,
-/// and the turn can be admitted again.
+/// The commit epoch session "s"'s record carries: that of the batch of
+/// appends that wrote it, none (0) if a transaction did.
+fn record_epoch(store: &Store) -> u64 {
+    let key = keys::session_key("s");
+    let value = store.raw_tree(TreeId::Sessions).get(&key).unwrap().unwrap();
+    record::session_epoch(&key, &value).unwrap()
+}
+
+/// A turn that packs a block is applied without a transaction, and leaves,
+/// after a crash, a prefix of its writes in the order the writer applies
+/// them (the engine recovers a prefix of its log). Cut after any of them,
+/// the store opens with the turn undone, and the turn can be admitted
+/// again. A turn whose pack would take its own first span into a run is
+/// applied as a transaction.
 #[tokio::test]
 async fn a_packing_turn_a_crash_tore_after_any_write_is_undone_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
     let mut session = Session::new("s");
     store.write(session.create()).await.unwrap();
-    for _ in 1..21 {
+    for _ in 1..31 {
         let next = session.next_spans(1);
         store.write(session.admit(next)).await.unwrap();
     }
-    assert_eq!(session.record.next_span_id, 21);
-    // Spans 21..=50 move next_span_id to 51, which packs blocks 0 and 1:
-    // block 1 holds spans 16..=20 from before and the turn's first 11.
-    let mut spans = session.next_spans(30);
-    spans[2] = crate::tests::support::constraint(23, "never touch prod");
+    assert_eq!(session.record.next_span_id, 31);
+    // Spans 31..=33 move next_span_id to 34, which packs block 0.
+    let mut spans = session.next_spans(3);
+    spans[1] = crate::tests::support::constraint(32, "never touch prod");
     let WriteOp::Change { change, .. } = session.admit(spans) else {
         unreachable!("an admission is a change")
     };
     let turn = WriteOp::Change {
         change,
-        keys: vec![("turn/21".into(), 21), ("turn/50".into(), 50)],
+        keys: vec![("turn/31".into(), 31), ("turn/33".into(), 33)],
     };
-    let durable = {
-        let record = store
-            .raw_tree(TreeId::Sessions)
-            .iter()
-            .next()
-            .unwrap()
-            .unwrap();
-        record::session_epoch(&record.0, &record.1).unwrap()
-    };
+    let durable = record_epoch(&store);
+    assert!(durable > 0);
     let before = admission_rows(&store);
     store.write(turn.clone()).await.unwrap();
     let after = admission_rows(&store);
-    assert!(layout(&store, "s").starts_with(&[(0, true), (16, true), (32, false)]));
+    assert!(layout(&store, "s").starts_with(&[(0, true), (16, false)]));
+    assert_eq!(record_epoch(&store), durable + 1, "applied in order");
 
     // The turn's writes, in the order the writer applies them.
     let mut writes: Vec<(At, Option<Vec<u8>>)> = before
@@ -491,7 +494,8 @@ async fn a_packing_turn_a_crash_tore_after_any_write_is_undone_at_open() {
             key.clone(),
         )
     });
-    assert!(writes.len() > 40, "{}", writes.len());
+    // 3 spans, a run, a pin, 2 keys, 15 rows removed, the record.
+    assert_eq!(writes.len(), 23);
 
     let mut store = store;
     for cut in 0..writes.len() {
@@ -524,10 +528,14 @@ async fn a_packing_turn_a_crash_tore_after_any_write_is_undone_at_open() {
     // did.
     store.write(turn).await.unwrap();
     assert!(admission_rows(&store) == after);
-    assert_eq!(
-        store.spans_by_keys("s", &["turn/50".into()]).unwrap()[0]
-            .as_ref()
-            .map(|s| s.span.id),
-        Some(50)
-    );
+    let found = store.spans_by_keys("s", &["turn/33".into()]).unwrap();
+    assert_eq!(found[0].as_ref().map(|s| s.span.id), Some(33));
+
+    // Spans 34..=63 pack blocks 1 and 2, the second holding the turn's
+    // first span: a transaction.
+    let next = session.next_spans(30);
+    store.write(session.admit(next)).await.unwrap();
+    assert!(layout(&store, "s").starts_with(&[(0, true), (16, true), (32, true), (48, false)]));
+    assert_eq!(record_epoch(&store), 0, "applied as a transaction");
+    assert_eq!(live(&store).len(), 63);
 }

@@ -424,7 +424,8 @@ impl Writer {
             match apply(&mut stage, request.op, next_seq, &mut effects) {
                 Ok(ack) => {
                     stage.keep();
-                    appends_only &= appends_to.is_some_and(|id| appended.insert(id));
+                    appends_only &= !effects.packs_own_spans
+                        && appends_to.is_some_and(|id| appended.insert(id));
                     next_seq += effects.markers.len() as u64;
                     markers.append(&mut effects.markers);
                     reset.append(&mut effects.reset);
@@ -598,11 +599,13 @@ fn append_only_session(op: &Op) -> Option<&str> {
 /// [`APPEND_ORDER`] leaves a session of a torn batch in one of two states:
 /// its record written, so the whole append is there; or not, so what
 /// survived of the append lies at span ids from its record's
-/// `next_span_id` on, starting with a span at that position or a run of
-/// a block not yet due, which holds that position or the rows the pack
-/// was moving (the rows are removed only after the run is in). That span
-/// or run is how [`repair_torn_appends`] finds such a session when the
-/// store opens, and undoes the rest. The batch's commit epoch rides in
+/// `next_span_id` on, starting with a span at that position (a turn whose
+/// pack would take that span into a run is not applied in order), then
+/// perhaps a run of a block that record has not made due, holding copies
+/// of rows the pack was moving (they are removed only after the run is
+/// in). That span is how [`repair_torn_appends`] finds such a session
+/// when the store opens, with one look-up in the spans tree, and undoes
+/// the rest. The batch's commit epoch rides in
 /// the last record it puts ([`stamp_last_record`]): the engine recovers
 /// it only with everything the batch wrote before it.
 ///
@@ -675,9 +678,10 @@ fn put_in_order(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
 /// record has not reached, and the runs of blocks it has not made due,
 /// whose rows before `next_span_id` go back to keys of their own first
 /// (the pack may have removed them). A session's torn append starts with
-/// a span at its record's `next_span_id` or with such a run, so a look-up
-/// in each tree per session finds it; the runs go last, so a repair cut
-/// short is found again. (A format-1 store wrote each span's term row
+/// a span at its record's `next_span_id`, so a look-up per session finds
+/// it (and only a torn session's runs are read: a look-up there pulls in
+/// a page of runs); the spans go last, so a repair cut short is found
+/// again. (A format-1 store wrote each span's term row
 /// before it: term rows a crash left without their span go with that
 /// format's terms tree when the store is converted, see `migrate`.)
 /// Returns how many sessions it repaired.
@@ -698,16 +702,16 @@ pub(crate) fn repair_torn_appends(
         }
         let next = record.next_span_id;
         let torn = keys::session_numbers_from(session, next);
+        let first = trees.spans.range(torn.clone()).next().transpose();
+        if first.map_err(StoreError::engine)?.is_none() {
+            continue;
+        }
         let not_due = blocks::blocks_due(0, next).end * blocks::BLOCK_SPANS;
         let runs = trees
             .runs
             .range(keys::session_numbers_from(session, not_due))
             .collect::<Result<Vec<_>, _>>()
             .map_err(StoreError::engine)?;
-        let first = trees.spans.range(torn.clone()).next().transpose();
-        if first.map_err(StoreError::engine)?.is_none() && runs.is_empty() {
-            continue;
-        }
         let next_key = keys::session_number_key(session, next);
         let mut undone = Vec::with_capacity(runs.len());
         for (at, run) in &runs {
@@ -733,14 +737,16 @@ pub(crate) fn repair_torn_appends(
                 trees.keys.remove(&key).map_err(StoreError::engine)?;
             }
         }
-        for tree in [&trees.pins, &trees.spans] {
-            for entry in tree.range(torn.clone()).keys() {
-                let key = entry.map_err(StoreError::engine)?;
-                tree.remove(&key).map_err(StoreError::engine)?;
-            }
+        for entry in trees.pins.range(torn.clone()).keys() {
+            let key = entry.map_err(StoreError::engine)?;
+            trees.pins.remove(&key).map_err(StoreError::engine)?;
         }
         for at in undone {
             trees.runs.remove(at).map_err(StoreError::engine)?;
+        }
+        for entry in trees.spans.range(torn.clone()).keys() {
+            let key = entry.map_err(StoreError::engine)?;
+            trees.spans.remove(&key).map_err(StoreError::engine)?;
         }
         tracing::warn!(
             session_id = session,

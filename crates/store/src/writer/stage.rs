@@ -260,6 +260,11 @@ pub(crate) struct Effects {
     /// Sessions deleted or created whole, or given a summary: their
     /// cached postings go.
     pub(crate) reset: Vec<String>,
+    /// The write packs a block holding spans it appends (a turn of more
+    /// than a block): its first span would stand only in a run, which a
+    /// torn batch of appends must not leave (see `writer::in_order`), so it
+    /// needs a transaction.
+    pub(super) packs_own_spans: bool,
 }
 
 pub(super) fn invalid(session: &str, detail: String) -> StoreError {
@@ -748,6 +753,7 @@ fn write_change(
     }
     for block in blocks::blocks_due(stored.next_span_id, record.next_span_id) {
         stage.pack_block(session, block)?;
+        effects.packs_own_spans |= (block + 1) * blocks::BLOCK_SPANS > stored.next_span_id;
     }
     let marker_seq = marker.map(|marker| {
         put_marker(stage, marker, seq, effects);
