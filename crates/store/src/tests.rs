@@ -6,6 +6,7 @@
 #[path = "../tests/support/mod.rs"]
 pub(crate) mod support;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::RwLockReadGuard;
 
@@ -1151,19 +1152,20 @@ async fn a_prefix_lists_one_tenants_sessions_in_pages() {
     assert_eq!(store.session(&long).unwrap().unwrap().id, long);
 }
 
-/// Every row of the trees a session's admissions write.
-fn admission_rows(store: &Store) -> Vec<(TreeId, Vec<u8>, Vec<u8>)> {
-    let mut rows = Vec::new();
+/// Every row of the trees a session's admissions write, by tree and key.
+pub(crate) fn admission_rows(store: &Store) -> BTreeMap<(TreeId, Vec<u8>), Vec<u8>> {
+    let mut rows = BTreeMap::new();
     for tree in [
         TreeId::Sessions,
         TreeId::Spans,
+        TreeId::Runs,
         TreeId::Pins,
         TreeId::Keys,
         TreeId::Archive,
     ] {
         for entry in store.raw_tree(tree).iter() {
             let (key, value) = entry.unwrap();
-            rows.push((tree, key.to_vec(), value.to_vec()));
+            rows.insert((tree, key.to_vec()), value.to_vec());
         }
     }
     rows
@@ -1201,19 +1203,15 @@ async fn an_append_a_crash_tore_is_removed_at_open() {
         assert!(after.len() >= before.len() + 5, "{}", after.len());
         // Back to the record before the append, with the new rows left.
         let session = keys::session_key("t");
-        let old_record = before
-            .iter()
-            .find(|(tree, key, _)| *tree == TreeId::Sessions && *key == session)
-            .map(|(_, _, value)| value.clone())
-            .unwrap();
+        let old_record = before[&(TreeId::Sessions, session.clone())].clone();
         store
             .raw_tree(TreeId::Sessions)
             .insert(&session, old_record.as_slice())
             .unwrap();
         if only_first {
             let first = keys::session_number_key("t", 2);
-            for (tree, key, _) in &after {
-                let new = !before.iter().any(|(t, k, _)| t == tree && k == key);
+            for (tree, key) in after.keys() {
+                let new = !before.contains_key(&(*tree, key.clone()));
                 if new && !(*tree == TreeId::Spans && *key == first) {
                     store.raw_tree(*tree).remove(key).unwrap();
                 }
@@ -1428,7 +1426,7 @@ async fn rows_encoded_before_the_writer_equal_the_writers_own() {
     }
     assert_eq!(rows[0].len(), rows[1].len());
     // Every span's row carries its term vector, whoever encoded it.
-    for (tree, key, value) in &rows[0] {
+    for ((tree, key), value) in &rows[0] {
         if *tree == TreeId::Spans {
             let (_, terms) = record::decode_span_with_terms(key, value).unwrap();
             assert!(terms.is_some(), "{}", keys::render(*tree, key));

@@ -84,7 +84,7 @@ use std::collections::BTreeMap;
 
 use ctxbroker_core::Span;
 
-use crate::tests::{search_ids, support::Session};
+use crate::tests::{admission_rows, search_ids, support::Session};
 use crate::{SessionImport, SpanState, Store, StoreError, StoreOptions, WriteOp};
 
 /// Spans admitted one a turn, with texts of their own.
@@ -92,11 +92,16 @@ const ADMITTED: u64 = 100;
 
 /// A store with session "s" holding spans 1..=ADMITTED, one per turn.
 async fn admitted(dir: &std::path::Path) -> (Store, Session, Vec<Span>) {
+    admitted_turns(dir, ADMITTED).await
+}
+
+/// A store with session "s" holding spans 1..=`turns`, one per turn.
+async fn admitted_turns(dir: &std::path::Path, turns: u64) -> (Store, Session, Vec<Span>) {
     let store = Store::open(dir, StoreOptions::default()).unwrap();
     let mut session = Session::new("s");
     store.write(session.create()).await.unwrap();
     let mut spans = Vec::new();
-    for _ in 0..ADMITTED {
+    for _ in 0..turns {
         let next = session.next_spans(1);
         spans.extend(next.iter().cloned());
         store.write(session.admit(next)).await.unwrap();
@@ -418,24 +423,6 @@ async fn a_block_holding_a_long_row_keeps_a_row_per_span() {
 /// A row's tree and key.
 type At = (TreeId, Vec<u8>);
 
-/// Every row of the trees an admission writes, by tree and key.
-fn admission_rows(store: &Store) -> BTreeMap<At, Vec<u8>> {
-    let mut rows = BTreeMap::new();
-    for tree in [
-        TreeId::Sessions,
-        TreeId::Spans,
-        TreeId::Runs,
-        TreeId::Pins,
-        TreeId::Keys,
-    ] {
-        for entry in store.raw_tree(tree).iter() {
-            let (key, value) = entry.unwrap();
-            rows.insert((tree, key.to_vec()), value.to_vec());
-        }
-    }
-    rows
-}
-
 /// The commit epoch session "s"'s record carries: that of the batch of
 /// appends that wrote it, none (0) if a transaction did.
 fn record_epoch(store: &Store) -> u64 {
@@ -453,13 +440,7 @@ fn record_epoch(store: &Store) -> u64 {
 #[tokio::test]
 async fn a_packing_turn_a_crash_tore_after_any_write_is_undone_at_open() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    let mut session = Session::new("s");
-    store.write(session.create()).await.unwrap();
-    for _ in 1..31 {
-        let next = session.next_spans(1);
-        store.write(session.admit(next)).await.unwrap();
-    }
+    let (store, mut session, _) = admitted_turns(dir.path(), 30).await;
     assert_eq!(session.record.next_span_id, 31);
     // Spans 31..=33 move next_span_id to 34, which packs block 0.
     let mut spans = session.next_spans(3);
