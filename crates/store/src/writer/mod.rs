@@ -335,13 +335,14 @@ impl Writer {
     /// a wait: durability is relaxed (no flush to wait for), the write only
     /// appends a turn (a few engine inserts into pages the session's last
     /// turn touched, and one turn in 16 a block packed: no marker, nothing
-    /// for the commit hook, no transaction), the writer is not applying a batch (the lock is free) and the
-    /// blob files are not due a sync. (The caller offers only turns small
-    /// enough to be encoded on its task: see `Store::write`.) Its outcome
-    /// is on its `ack` when this returns. Gives the request back otherwise
-    /// (`Some`), to be queued; the caller checks that nothing is queued
-    /// before it, so that a busy writer keeps batching. The engine's inserts never wait for the disk
-    /// unless its log buffers are all being written out.
+    /// for the commit hook, no transaction), the writer is not applying a
+    /// batch (the lock is free) and the blob files are not due a sync. (The
+    /// caller offers only turns small enough to be encoded on its task: see
+    /// `Store::write`.) Its outcome is on its `ack` when this returns.
+    /// Gives the request back otherwise (`Some`), to be queued; the caller
+    /// checks that nothing is queued before it, so that a busy writer keeps
+    /// batching. The engine's inserts never wait for the disk unless its
+    /// log buffers are all being written out.
     pub(crate) fn apply_here(cell: &WriterCell, request: Request) -> Option<Request> {
         if append_only_session(&request.op).is_none() {
             return Some(request);
@@ -605,9 +606,9 @@ fn append_only_session(op: &Op) -> Option<&str> {
 /// of rows the pack was moving (they are removed only after the run is
 /// in). That span is how [`repair_torn_appends`] finds such a session
 /// when the store opens, with one look-up in the spans tree, and undoes
-/// the rest. The batch's commit epoch rides in
-/// the last record it puts ([`stamp_last_record`]): the engine recovers
-/// it only with everything the batch wrote before it.
+/// the rest. The batch's commit epoch rides in the last record it puts
+/// ([`stamp_last_record`]): the engine recovers it only with everything
+/// the batch wrote before it.
 ///
 /// This spares the batch the transaction, whose two seals of the
 /// engine's log buffer each wake every one of its I/O threads.
@@ -681,9 +682,9 @@ fn put_in_order(trees: &Trees, writes: &Writes) -> Result<(), StoreError> {
 /// a span at its record's `next_span_id`, so a look-up per session finds
 /// it (and only a torn session's runs are read: a look-up there pulls in
 /// a page of runs); the spans go last, so a repair cut short is found
-/// again. (A format-1 store wrote each span's term row
-/// before it: term rows a crash left without their span go with that
-/// format's terms tree when the store is converted, see `migrate`.)
+/// again. (A format-1 store wrote each span's term row before it: term
+/// rows a crash left without their span go with that format's terms tree
+/// when the store is converted, see `migrate`.)
 /// Returns how many sessions it repaired.
 pub(crate) fn repair_torn_appends(
     trees: &Trees,
