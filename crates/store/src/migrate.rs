@@ -21,8 +21,8 @@
 //! store records format 4 first, with a mark that the packing is pending
 //! (a format-3 build would take a run for a damaged row, so from then on
 //! it must refuse the store), then packs every block due, session by
-//! session, each session's blocks in one atomic batch of the spans tree,
-//! and removes the mark. A conversion cut short is finished at the next
+//! session, each session's blocks in one transaction (the writer's own
+//! packing: `writer::pack_session`), and removes the mark. A conversion cut short is finished at the next
 //! open, leaving packed blocks as they are. Rows are moved byte for byte,
 //! so a damaged row stays damaged, and is reported where it is read, as
 //! before.
@@ -32,9 +32,6 @@ use std::path::Path;
 
 use ctxbroker_core::SpanId;
 
-use sled::transaction::{ConflictableTransactionError, Transactional};
-
-use crate::blocks;
 use crate::error::StoreError;
 use crate::keys;
 use crate::record;
@@ -97,8 +94,7 @@ pub(crate) fn upgrade(
 }
 
 /// Packs every block due of every session (see `crate::blocks`), one
-/// transaction over the spans and runs trees per session, flushed.
-/// Returns how many blocks it packed.
+/// transaction per session, flushed. Returns how many blocks it packed.
 fn pack_blocks(trees: &Trees, blobs: &mut BlobSync) -> Result<u64, StoreError> {
     let started = std::time::Instant::now();
     let (mut packed, mut sessions) = (0u64, 0u64);
@@ -109,35 +105,11 @@ fn pack_blocks(trees: &Trees, blobs: &mut BlobSync) -> Result<u64, StoreError> {
         let Ok(session) = record::decode_session(&key, &value) else {
             continue;
         };
-        let due = blocks::blocks_due(0, session.next_span_id);
-        if due.is_empty() {
-            continue;
+        let blocks = crate::writer::pack_session(trees, &session.id, session.next_span_id)?;
+        if blocks > 0 {
+            packed += blocks;
+            sessions += 1;
         }
-        let (mut removed, mut runs) = (sled::Batch::default(), sled::Batch::default());
-        for block in due {
-            let (first, last) = blocks::block_keys(&session.id, block);
-            let mut rows = Vec::new();
-            for entry in trees.spans.range(first.clone()..=last) {
-                let (key, value) = entry.map_err(StoreError::engine)?;
-                rows.push((key, value));
-            }
-            let Some(run) = blocks::pack(&first, &rows)? else {
-                continue;
-            };
-            for (key, _) in &rows {
-                removed.remove(key);
-            }
-            runs.insert(first, run);
-            packed += 1;
-        }
-        (&trees.spans, &trees.runs)
-            .transaction(|(spans, packed_runs)| {
-                spans.apply_batch(&removed)?;
-                packed_runs.apply_batch(&runs)?;
-                Ok::<(), ConflictableTransactionError<()>>(())
-            })
-            .map_err(crate::writer::transaction_error)?;
-        sessions += 1;
     }
     blobs.flush(&trees.db)?;
     if packed > 0 {

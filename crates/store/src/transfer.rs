@@ -570,9 +570,7 @@ pub(crate) fn stage_import(
         };
         stage.put(tree, key, value);
     }
-    for block in blocks::blocks_due(0, import.record.next_span_id) {
-        stage.pack_block(&id, block)?;
-    }
+    stage.pack_due(&id, import.record.next_span_id)?;
     for span in &import.live {
         if span.classification.class == SpanClass::Constraint {
             let key = keys::session_number_key(&id, span.id);

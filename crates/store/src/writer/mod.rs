@@ -25,6 +25,8 @@
 pub(crate) mod blobs;
 mod flusher;
 mod packing;
+
+pub(crate) use packing::pack_session;
 mod stage;
 
 pub(crate) use flusher::*;

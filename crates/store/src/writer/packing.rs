@@ -7,8 +7,8 @@ use crate::error::StoreError;
 use crate::keys::{self, TreeId};
 use crate::record;
 
-use super::Entry;
 use super::stage::Stage;
+use super::{Entry, Trees, transact};
 
 /// A packed block as the writer reads it: the run's key and its rows by
 /// position.
@@ -107,10 +107,20 @@ impl Stage<'_> {
         Ok(rows)
     }
 
+    /// Packs every block due of `session` whose `next_span_id` is `next`
+    /// (a session written whole: imported, or converted from a row per
+    /// span); a block already packed is left as it is.
+    pub(crate) fn pack_due(&mut self, session: &str, next: u64) -> Result<(), StoreError> {
+        for block in blocks::blocks_due(0, next) {
+            self.pack_block(session, block)?;
+        }
+        Ok(())
+    }
+
     /// Packs the live spans of a session's block `block` into one run in
     /// the runs tree, if the block holds two or more as rows of their own
     /// (a packed block holds none).
-    pub(crate) fn pack_block(&mut self, session: &str, block: u64) -> Result<(), StoreError> {
+    pub(super) fn pack_block(&mut self, session: &str, block: u64) -> Result<(), StoreError> {
         let (first, last) = blocks::block_keys(session, block);
         let rows = self.scan_range(TreeId::Spans, &first, &last)?;
         let Some(run) = blocks::pack(&first, &rows)? else {
@@ -122,4 +132,24 @@ impl Stage<'_> {
         self.put(TreeId::Runs, first, run);
         Ok(())
     }
+}
+
+/// Packs every block due of `session`, whose `next_span_id` is `next`,
+/// in one transaction, with the writer's own packing: what converting a
+/// store of a row per span does for each session (see `crate::migrate`).
+/// A block already packed is left as it is. Returns how many blocks it
+/// packed.
+pub(crate) fn pack_session(trees: &Trees, session: &str, next: u64) -> Result<u64, StoreError> {
+    let mut stage = Stage::new(trees);
+    stage.pack_due(session, next)?;
+    stage.keep();
+    let writes = stage.into_writes();
+    let packed = writes
+        .keys()
+        .filter(|(tree, _)| *tree == TreeId::Runs)
+        .count();
+    if packed > 0 {
+        transact(trees, &writes)?;
+    }
+    Ok(packed as u64)
 }
