@@ -25,11 +25,10 @@
 pub(crate) mod blobs;
 mod flusher;
 mod packing;
-
-pub(crate) use packing::pack_session;
 mod stage;
 
 pub(crate) use flusher::*;
+pub(crate) use packing::pack_session;
 pub(crate) use stage::*;
 
 use std::collections::BTreeMap;
