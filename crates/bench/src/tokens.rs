@@ -246,8 +246,40 @@ fn time_corpus(c: Counter, docs: &[String], repeats: usize) -> (Duration, usize)
     (median(times), total)
 }
 
+/// This process's resident memory (`VmRSS`), in MiB; 0 if unreadable.
+fn resident_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    crate::daemon::status_kib(&status, "VmRSS").unwrap_or(0) as f64 / 1024.0
+}
+
+/// What each counter adds to the resident memory of a process that has
+/// loaded none yet: o200k_base counting text whose pieces its own table
+/// merges, then bpe-openai's o200k_base encoder, which a longer piece
+/// loads, then cl100k_base. Run first, before tiktoken-rs's tables.
+fn print_resident_memory() {
+    let start = resident_mib();
+    let o200k = counter(TokenizerKind::O200kBase);
+    o200k.count("Never write to the prod namespace; stage changes only.");
+    let table = resident_mib();
+    o200k.count(&"a".repeat(ctxbroker_core::tokens::MERGED_MAX + 1));
+    let encoder = resident_mib();
+    warm_up(TokenizerKind::Cl100kBase);
+    let cl100k = resident_mib();
+    println!(
+        "resident memory (VmRSS) added: o200k_base counting ordinary text {:.1} MiB; \
+         bpe-openai's o200k_base encoder, loaded by a piece over {} bytes, {:.1} MiB more; \
+         cl100k_base {:.1} MiB more",
+        table - start,
+        ctxbroker_core::tokens::MERGED_MAX,
+        encoder - table,
+        cl100k - encoder,
+    );
+    println!();
+}
+
 fn run(repeats: usize, sizes: &[usize], cap: Duration) -> Result<(), Failure> {
     let kinds = [TokenizerKind::O200kBase, TokenizerKind::Cl100kBase];
+    print_resident_memory();
     for kind in kinds {
         warm_up(kind);
         let _ = reference(kind).encode_ordinary("warm up");

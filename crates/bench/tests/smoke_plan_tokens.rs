@@ -92,6 +92,11 @@ fn plan_prints_a_row_per_size_with_plausible_figures() {
 #[test]
 fn tokens_prints_every_row_and_the_counts_agree() {
     let out = bench(&["tokens", "1", "2000", "10"]);
+    let memory = out
+        .lines()
+        .find(|l| l.starts_with("resident memory (VmRSS) added: o200k_base"))
+        .unwrap_or_else(|| panic!("no memory line: {out}"));
+    assert_eq!(memory.matches(" MiB").count(), 3, "{memory}");
     for encoding in ["o200k_base", "cl100k_base"] {
         let r = rows(&out, encoding);
         // Two corpus rows, then 3 inputs × 2 sizes (1 KB is below the

@@ -95,6 +95,20 @@ proptest! {
         assert_same(&String::from_utf8_lossy(&bytes));
     }
 
+    /// One long piece of the pre-tokenizer (a lowercase word, a run of
+    /// symbols, of spaces, of a script without case, of digits' cousins),
+    /// whose merge is the longest part of counting it: from a few bytes
+    /// to past the length the counter merges itself (4,096 bytes).
+    #[test]
+    fn long_pieces_count_identically(
+        unit in "([a-z]{1,7}|[=+*/#~-]{1,4}|[─━│]{1,3}|[日本語中文]{1,3}| {1,5}|[ab]{1,3})",
+        repeats in 1usize..900,
+        tail in "[a-z=─日 ]{0,3}",
+    ) {
+        let text = format!("{}{tail}", unit.repeat(repeats));
+        assert_same(&text);
+    }
+
     #[test]
     fn mixed_classes_count_identically(
         text in "([a-zA-Z]{1,12}|[0-9]{1,8}|[ \t\n]{1,6}|[.,;:!?'\"(){}\\[\\]<>/\\\\_=+-]{1,4}|[日本語中文한국어]{1,5}|[🦀🔥👍]{1,3}|e\u{301}|'s|'ll){0,60}"

@@ -10,17 +10,26 @@
 //!
 //! o200k_base cuts text into pieces with [`o200k_split`], which yields
 //! the pieces of bpe-openai's pre-tokenisation expression at a fraction of
-//! its cost, and counts a piece that is one token of the vocabulary
-//! without encoding it; cl100k_base counts through bpe-openai alone.
+//! its cost, and merges each piece with its own flat table of the
+//! vocabulary (`vocabulary`, about 4 MiB), so that bpe-openai's encoder
+//! (about 70 MiB resident once loaded) is only loaded for a piece longer
+//! than [`MERGED_MAX`] bytes, which it encodes in linear time;
+//! cl100k_base counts through bpe-openai alone.
 
 use std::sync::LazyLock;
 
 use crate::config::TokenizerKind;
 
 pub mod o200k_split;
-mod token_set;
+mod vocabulary;
 
-use token_set::TokenSet;
+use vocabulary::Vocabulary;
+
+/// The longest o200k_base piece counted with [`Vocabulary`]'s merge,
+/// whose work grows as `n log n`; a longer one, which ordinary text does
+/// not hold (a run of one character, a blob without spaces), goes to
+/// bpe-openai's linear encoder.
+pub const MERGED_MAX: usize = 4096;
 
 /// Counts the tokens of a text in one session's tokenizer.
 ///
@@ -37,19 +46,23 @@ pub trait TokenCounter: Send + Sync + std::fmt::Debug {
 ///
 /// Counting is linear in the input, also on adversarial text (long runs
 /// without spaces), which matters because span texts come from tools the
-/// broker does not control.
+/// broker does not control: a piece is merged in `n log n` at most, and
+/// one longer than [`MERGED_MAX`] goes to the linear encoder.
 pub struct BpeCounter {
     kind: TokenizerKind,
     tokenizer: fn() -> &'static bpe_openai::Tokenizer,
     pieces: Pieces,
 }
 
-/// How a [`BpeCounter`] cuts text into the pieces it encodes.
+/// How a [`BpeCounter`] cuts text into pieces and encodes them.
 #[derive(Debug, Clone, Copy)]
 enum Pieces {
-    /// bpe-openai's normalisation and pre-tokenisation expression.
+    /// bpe-openai's normalisation, pre-tokenisation expression and
+    /// encoder.
     Tokenizer,
-    /// [`o200k_split`], for an encoding without normalisation.
+    /// [`o200k_split`], for an encoding without normalisation, and the
+    /// merge of [`Vocabulary`] (bpe-openai's encoder past
+    /// [`MERGED_MAX`] bytes).
     O200k,
 }
 
@@ -73,24 +86,22 @@ impl TokenCounter for BpeCounter {
         if text.is_empty() {
             return 0;
         }
-        let tokenizer = (self.tokenizer)();
-        let n = match self.pieces {
-            Pieces::O200k => match o200k_split::split(text) {
-                Some(pieces) => {
-                    let tokens = &*O200K_TOKENS;
-                    pieces
-                        .map(|p| {
-                            if tokens.contains(p.as_bytes()) {
-                                1
-                            } else {
-                                tokenizer.bpe.count(p.as_bytes())
-                            }
-                        })
-                        .sum()
-                }
-                None => tokenizer.count(text),
-            },
-            Pieces::Tokenizer => tokenizer.count(text),
+        let o200k = match self.pieces {
+            Pieces::O200k => o200k_split::split(text).zip(O200K_VOCABULARY.as_ref()),
+            Pieces::Tokenizer => None,
+        };
+        let n = match o200k {
+            Some((pieces, vocabulary)) => pieces
+                .map(|p| {
+                    let bytes = p.as_bytes();
+                    if bytes.len() <= MERGED_MAX {
+                        vocabulary.count(bytes)
+                    } else {
+                        (self.tokenizer)().bpe.count(bytes)
+                    }
+                })
+                .sum(),
+            None => (self.tokenizer)().count(text),
         };
         saturate(n)
     }
@@ -128,9 +139,8 @@ static CL100K_BASE: BpeCounter = BpeCounter {
 
 static BYTE_LENGTH: ByteLength = ByteLength;
 
-/// o200k_base's short tokens, built on the first o200k_base count.
-static O200K_TOKENS: LazyLock<TokenSet> =
-    LazyLock::new(|| TokenSet::new(&bpe_openai::o200k_base().bpe));
+/// o200k_base's vocabulary, indexed on the first o200k_base count.
+static O200K_VOCABULARY: LazyLock<Option<Vocabulary>> = LazyLock::new(Vocabulary::o200k_base);
 
 /// The counter for a session's tokenizer.
 ///

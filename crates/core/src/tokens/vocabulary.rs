@@ -1,0 +1,308 @@
+//! o200k_base's vocabulary in a flat table, and the byte-pair merge that
+//! counts a piece with it.
+//!
+//! The table is written by the build script from bpe-openai's encoder and
+//! read in place: the tokens' bytes by rank, and a hash index over them
+//! built on first use (2 MiB). The whole vocabulary of tokens then costs
+//! about 4 MiB of memory, where bpe-openai's encoder holds about 35 MB of
+//! search automata, and touches about as much of the binary again while
+//! it loads them.
+//!
+//! A piece is counted as tiktoken encodes it: starting from its bytes, the
+//! adjacent pair whose joined bytes have the lowest rank is merged, the
+//! leftmost of equal ranks first, until no adjacent pair joins into a
+//! token. Short pieces scan for that pair, as tiktoken does; longer ones
+//! keep the candidate pairs in a heap, so the work grows as `n log n`.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// The table the build script writes (see `build.rs`).
+static TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k_base.tokens"));
+
+/// Pieces of at most this many bytes scan for the lowest-ranked pair;
+/// longer ones use a heap.
+const SCAN: usize = 32;
+
+/// A rank that no pair has: the pair does not join into a token.
+const NONE: u32 = u32::MAX;
+
+/// A vocabulary's tokens by rank, and an index from bytes to rank.
+pub(crate) struct Vocabulary {
+    /// The tokens' offsets (`n + 1`, little-endian u32) in the table.
+    offsets: &'static [u8],
+    /// Every token's bytes, in rank order.
+    bytes: &'static [u8],
+    /// Open addressing by [`hash`]: a rank plus one, 0 for an empty slot.
+    slots: Box<[u32]>,
+}
+
+impl Vocabulary {
+    /// o200k_base's vocabulary; `None` if the table is malformed, which
+    /// the build script never writes.
+    pub(crate) fn o200k_base() -> Option<Vocabulary> {
+        Vocabulary::read(TABLE)
+    }
+
+    fn read(table: &'static [u8]) -> Option<Vocabulary> {
+        let n = u32::from_le_bytes(table.get(..4)?.try_into().ok()?) as usize;
+        let offsets_len = (n + 1).checked_mul(4)?;
+        let offsets = table.get(4..4 + offsets_len)?;
+        let bytes = table.get(4 + offsets_len..)?;
+        let slots_len = (n * 2).next_power_of_two().max(2);
+        let mut vocabulary = Vocabulary {
+            offsets,
+            bytes,
+            slots: vec![0; slots_len].into_boxed_slice(),
+        };
+        let mut previous = 0;
+        for rank in 0..n {
+            let end = vocabulary.offset(rank + 1);
+            if end < previous || end > bytes.len() {
+                return None;
+            }
+            previous = end;
+        }
+        let mask = slots_len - 1;
+        for rank in 0..n {
+            let token = vocabulary.token(rank as u32);
+            let mut slot = hash(token) as usize & mask;
+            while vocabulary.slots[slot] != 0 {
+                slot = (slot + 1) & mask;
+            }
+            vocabulary.slots[slot] = u32::try_from(rank + 1).ok()?;
+        }
+        Some(vocabulary)
+    }
+
+    /// The number of tokens.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.offsets.len() / 4 - 1
+    }
+
+    #[inline]
+    fn offset(&self, index: usize) -> usize {
+        let at = index * 4;
+        match self.offsets.get(at..at + 4) {
+            Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]) as usize,
+            _ => 0,
+        }
+    }
+
+    /// The bytes of the token of rank `rank` (empty past the last).
+    #[inline]
+    pub(crate) fn token(&self, rank: u32) -> &'static [u8] {
+        let rank = rank as usize;
+        let (start, end) = (self.offset(rank), self.offset(rank + 1));
+        self.bytes.get(start..end).unwrap_or_default()
+    }
+
+    /// The rank of the token whose bytes are `bytes`.
+    #[inline]
+    pub(crate) fn rank(&self, bytes: &[u8]) -> Option<u32> {
+        let mask = self.slots.len() - 1;
+        let mut slot = hash(bytes) as usize & mask;
+        loop {
+            let entry = self.slots[slot];
+            if entry == 0 {
+                return None;
+            }
+            if self.token(entry - 1) == bytes {
+                return Some(entry - 1);
+            }
+            slot = (slot + 1) & mask;
+        }
+    }
+
+    #[inline]
+    fn pair_rank(&self, bytes: &[u8]) -> u32 {
+        self.rank(bytes).unwrap_or(NONE)
+    }
+
+    /// The number of tokens tiktoken encodes `piece` into.
+    pub(crate) fn count(&self, piece: &[u8]) -> usize {
+        if piece.len() < 2 || self.rank(piece).is_some() {
+            return usize::from(!piece.is_empty());
+        }
+        if piece.len() <= SCAN {
+            self.count_scanning(piece)
+        } else {
+            self.count_with_heap(piece)
+        }
+    }
+
+    /// tiktoken's own merge: `parts[i]` is the start of a part and the rank
+    /// of the part joined with the next one.
+    fn count_scanning(&self, piece: &[u8]) -> usize {
+        let n = piece.len();
+        let mut parts = [(0u8, NONE); SCAN + 1];
+        for (i, part) in parts.iter_mut().enumerate().take(n + 1) {
+            part.0 = i as u8;
+            if i + 1 < n {
+                part.1 = self.pair_rank(&piece[i..i + 2]);
+            }
+        }
+        let mut len = n + 1;
+        // The rank of part `i` joined with the next, once they are one.
+        let joined = |parts: &[(u8, u32)], len: usize, i: usize| -> u32 {
+            if i + 3 < len {
+                self.pair_rank(&piece[parts[i].0 as usize..parts[i + 3].0 as usize])
+            } else {
+                NONE
+            }
+        };
+        while len > 2 {
+            let mut best = (NONE, 0);
+            for (i, &(_, rank)) in parts[..len - 1].iter().enumerate() {
+                if rank < best.0 {
+                    best = (rank, i);
+                }
+            }
+            if best.0 == NONE {
+                break;
+            }
+            let i = best.1;
+            parts[i].1 = joined(&parts, len, i);
+            if i > 0 {
+                parts[i - 1].1 = joined(&parts, len, i - 1);
+            }
+            parts.copy_within(i + 2..len, i + 1);
+            len -= 1;
+        }
+        len - 1
+    }
+
+    /// The same merges, with every adjacent pair that joins into a token
+    /// in a heap ordered by rank, then position. A part is named by its
+    /// first byte, which never changes: merging keeps the left part and
+    /// drops the right one. A heap entry whose part has since merged, or
+    /// whose pair has changed, no longer matches the part's rank and is
+    /// skipped.
+    fn count_with_heap(&self, piece: &[u8]) -> usize {
+        let n = piece.len();
+        // `next[i]`: the first byte of the part after part `i` (n past
+        // the last part); `prev[i]`: that of the part before it.
+        let mut next: Vec<usize> = (1..=n).collect();
+        let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+        let mut rank: Vec<u32> = vec![NONE; n];
+        let mut heap = BinaryHeap::with_capacity(n);
+        for i in 0..n - 1 {
+            let r = self.pair_rank(&piece[i..i + 2]);
+            rank[i] = r;
+            if r != NONE {
+                heap.push(Reverse((r, i)));
+            }
+        }
+        let mut parts = n;
+        let end_of_next = |next: &[usize], i: usize| -> Option<usize> {
+            let j = next[i];
+            (j < n).then(|| next[j])
+        };
+        while let Some(Reverse((r, i))) = heap.pop() {
+            if rank[i] != r {
+                continue;
+            }
+            // Part `i` takes in the part after it.
+            let j = next[i];
+            next[i] = next[j];
+            if next[j] < n {
+                prev[next[j]] = i;
+            }
+            rank[j] = NONE;
+            parts -= 1;
+            rank[i] = match end_of_next(&next, i) {
+                Some(end) => self.pair_rank(&piece[i..end]),
+                None => NONE,
+            };
+            if rank[i] != NONE {
+                heap.push(Reverse((rank[i], i)));
+            }
+            let p = prev[i];
+            if p < n {
+                rank[p] = self.pair_rank(&piece[p..next[i]]);
+                if rank[p] != NONE {
+                    heap.push(Reverse((rank[p], p)));
+                }
+            }
+        }
+        parts
+    }
+}
+
+/// A hash of a token's bytes: eight bytes at a time, each folded into the
+/// state by one wide multiplication. The vocabulary is fixed, so an
+/// unkeyed hash is enough.
+#[inline]
+fn hash(bytes: &[u8]) -> u64 {
+    let mut state = (bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        state = fold(state ^ u64::from_le_bytes(word));
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        state = fold(state ^ u64::from_le_bytes(word));
+    }
+    state
+}
+
+#[inline]
+fn fold(x: u64) -> u64 {
+    let product = u128::from(x ^ 0x243f_6a88_85a3_08d3) * u128::from(0x1319_8a2e_0370_7344u64);
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vocabulary() -> &'static Vocabulary {
+        static V: std::sync::LazyLock<Vocabulary> =
+            std::sync::LazyLock::new(|| Vocabulary::o200k_base().expect("the built table"));
+        &V
+    }
+
+    #[test]
+    fn holds_every_token_of_the_encoder_at_its_rank() {
+        let bpe = &bpe_openai::o200k_base().bpe;
+        let v = vocabulary();
+        assert_eq!(v.len(), bpe.num_tokens());
+        for rank in 0..bpe.num_tokens() as u32 {
+            let bytes = bpe.token_bytes(rank);
+            assert_eq!(v.token(rank), bytes, "{rank}");
+            assert_eq!(v.rank(bytes), Some(rank), "{bytes:?}");
+        }
+        for absent in [&b" hellohello"[..], b"", b"zzzzzzzzzzzzzzzzzzzzzzzzzzz"] {
+            assert_eq!(v.rank(absent), None, "{absent:?}");
+        }
+    }
+
+    #[test]
+    fn both_merges_count_as_the_encoder() {
+        let bpe = &bpe_openai::o200k_base().bpe;
+        let v = vocabulary();
+        let pieces: Vec<Vec<u8>> = vec![
+            b"a".to_vec(),
+            b"hellohello".to_vec(),
+            b"zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz".to_vec(),
+            b"=+-*/".repeat(30),
+            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".to_vec(),
+            "────────────────────".as_bytes().to_vec(),
+            b"Supercalifragilisticexpialidocious".to_vec(),
+            vec![0xff, 0xfe, 0x00, 0x41, 0x80, 0x80],
+            (0u8..=255).collect(),
+        ];
+        for piece in &pieces {
+            let want = bpe.count(piece);
+            assert_eq!(v.count(piece), want, "{piece:?}");
+            if piece.len() >= 2 && piece.len() <= SCAN && v.rank(piece).is_none() {
+                assert_eq!(v.count_with_heap(piece), want, "heap, {piece:?}");
+            }
+        }
+    }
+}
