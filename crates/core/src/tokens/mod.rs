@@ -11,7 +11,7 @@
 //! o200k_base cuts text into pieces with [`o200k_split`], which yields
 //! the pieces of bpe-openai's pre-tokenisation expression at a fraction of
 //! its cost, and merges each piece with its own flat table of the
-//! vocabulary (`vocabulary`, about 4 MiB), so that bpe-openai's encoder
+//! vocabulary (`vocabulary`, about 13 MiB), so that bpe-openai's encoder
 //! (about 70 MiB resident once loaded) is only loaded for a piece longer
 //! than [`MERGED_MAX`] bytes, which it encodes in linear time;
 //! cl100k_base counts through bpe-openai alone.

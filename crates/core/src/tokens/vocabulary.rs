@@ -3,10 +3,11 @@
 //!
 //! The table is written by the build script from bpe-openai's encoder and
 //! read in place: the tokens' bytes by rank, and a hash index over them
-//! built on first use (2 MiB). The whole vocabulary of tokens then costs
-//! about 4 MiB of memory, where bpe-openai's encoder holds about 35 MB of
-//! search automata, and touches about as much of the binary again while
-//! it loads them.
+//! built on first use (8 MiB: each slot holds a token's first 12 bytes,
+//! so that most look-ups read nothing else). The whole vocabulary then
+//! costs about 10 MiB of memory, where bpe-openai's encoder holds about
+//! 35 MB of search automata, and touches about as much of the binary
+//! again while it loads them.
 //!
 //! A piece is counted as tiktoken encodes it: starting from its bytes, the
 //! adjacent pair whose joined bytes have the lowest rank is merged, the
@@ -27,14 +28,67 @@ const SCAN: usize = 32;
 /// A rank that no pair has: the pair does not join into a token.
 const NONE: u32 = u32::MAX;
 
+/// The bytes of a token held in its slot: a token of at most this many
+/// bytes is found, or not, with one read of the index.
+const HEAD: usize = 12;
+
+/// The longest token a slot can describe (its length has 8 bits).
+const LONGEST: usize = u8::MAX as usize;
+
+/// One entry of the index: a token's first [`HEAD`] bytes (zero after
+/// its end), and its rank plus one (0 for an empty slot) in the low 24
+/// bits beside its length in the high 8.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    head: [u8; HEAD],
+    meta: u32,
+}
+
+impl Slot {
+    fn new(token: &[u8], rank: u32) -> Option<Slot> {
+        let len = u32::try_from(token.len())
+            .ok()
+            .filter(|&l| l as usize <= LONGEST)?;
+        let rank = rank.checked_add(1).filter(|&r| r < 1 << 24)?;
+        Some(Slot {
+            head: head(token),
+            meta: rank | (len << 24),
+        })
+    }
+
+    #[inline]
+    fn is_empty(self) -> bool {
+        self.meta == 0
+    }
+
+    #[inline]
+    fn rank(self) -> u32 {
+        (self.meta & 0x00ff_ffff) - 1
+    }
+
+    #[inline]
+    fn len(self) -> usize {
+        (self.meta >> 24) as usize
+    }
+}
+
+/// The first [`HEAD`] bytes of `bytes`, zero after its end.
+#[inline]
+fn head(bytes: &[u8]) -> [u8; HEAD] {
+    let mut head = [0u8; HEAD];
+    let n = bytes.len().min(HEAD);
+    head[..n].copy_from_slice(&bytes[..n]);
+    head
+}
+
 /// A vocabulary's tokens by rank, and an index from bytes to rank.
 pub(crate) struct Vocabulary {
     /// The tokens' offsets (`n + 1`, little-endian u32) in the table.
     offsets: &'static [u8],
     /// Every token's bytes, in rank order.
     bytes: &'static [u8],
-    /// Open addressing by [`hash`]: a rank plus one, 0 for an empty slot.
-    slots: Box<[u32]>,
+    /// Open addressing by [`hash`], at most half full.
+    slots: Box<[Slot]>,
 }
 
 impl Vocabulary {
@@ -53,7 +107,7 @@ impl Vocabulary {
         let mut vocabulary = Vocabulary {
             offsets,
             bytes,
-            slots: vec![0; slots_len].into_boxed_slice(),
+            slots: vec![Slot::default(); slots_len].into_boxed_slice(),
         };
         let mut previous = 0;
         for rank in 0..n {
@@ -67,10 +121,10 @@ impl Vocabulary {
         for rank in 0..n {
             let token = vocabulary.token(rank as u32);
             let mut slot = hash(token) as usize & mask;
-            while vocabulary.slots[slot] != 0 {
+            while !vocabulary.slots[slot].is_empty() {
                 slot = (slot + 1) & mask;
             }
-            vocabulary.slots[slot] = u32::try_from(rank + 1).ok()?;
+            vocabulary.slots[slot] = Slot::new(token, rank as u32)?;
         }
         Some(vocabulary)
     }
@@ -103,13 +157,17 @@ impl Vocabulary {
     pub(crate) fn rank(&self, bytes: &[u8]) -> Option<u32> {
         let mask = self.slots.len() - 1;
         let mut slot = hash(bytes) as usize & mask;
+        let wanted = head(bytes);
         loop {
             let entry = self.slots[slot];
-            if entry == 0 {
+            if entry.is_empty() {
                 return None;
             }
-            if self.token(entry - 1) == bytes {
-                return Some(entry - 1);
+            if entry.len() == bytes.len()
+                && entry.head == wanted
+                && (bytes.len() <= HEAD || self.token(entry.rank())[HEAD..] == bytes[HEAD..])
+            {
+                return Some(entry.rank());
             }
             slot = (slot + 1) & mask;
         }
@@ -276,10 +334,62 @@ mod tests {
             let bytes = bpe.token_bytes(rank);
             assert_eq!(v.token(rank), bytes, "{rank}");
             assert_eq!(v.rank(bytes), Some(rank), "{bytes:?}");
+            // The same length and head, another tail: found only as the
+            // token it is.
+            if bytes.len() > HEAD {
+                let mut other = bytes.to_vec();
+                *other.last_mut().unwrap() ^= 0x20;
+                if let Some(found) = v.rank(&other) {
+                    assert_eq!(v.token(found), &other[..], "{other:?}");
+                }
+            }
         }
         for absent in [&b" hellohello"[..], b"", b"zzzzzzzzzzzzzzzzzzzzzzzzzzz"] {
             assert_eq!(v.rank(absent), None, "{absent:?}");
         }
+    }
+
+    /// A table in the build script's layout, for the given tokens.
+    fn table_of(tokens: &[Vec<u8>]) -> &'static [u8] {
+        let mut table = (tokens.len() as u32).to_le_bytes().to_vec();
+        let mut end = 0u32;
+        table.extend_from_slice(&end.to_le_bytes());
+        for token in tokens {
+            end += token.len() as u32;
+            table.extend_from_slice(&end.to_le_bytes());
+        }
+        for token in tokens {
+            table.extend_from_slice(token);
+        }
+        Box::leak(table.into_boxed_slice())
+    }
+
+    #[test]
+    fn tokens_that_share_their_head_and_length_are_told_apart() {
+        let tokens: Vec<Vec<u8>> = (b'A'..=b'P')
+            .map(|last| [&b"abcdefghijklmn"[..], &[last]].concat())
+            .collect();
+        let v = Vocabulary::read(table_of(&tokens)).expect("a valid table");
+        for (rank, token) in tokens.iter().enumerate() {
+            assert_eq!(v.rank(token), Some(rank as u32), "{token:?}");
+        }
+        assert_eq!(v.rank(b"abcdefghijklmnZ"), None);
+        assert_eq!(v.rank(b"abcdefghijklmn"), None);
+    }
+
+    #[test]
+    fn a_malformed_table_is_refused() {
+        assert!(Vocabulary::read(&[]).is_none());
+        assert!(Vocabulary::read(&[5, 0, 0, 0, 0, 0]).is_none());
+        // Offsets past the bytes, and offsets that go back.
+        for (second, third) in [(9u32, 4u32), (3, 2)] {
+            let mut table = table_of(&[b"ab".to_vec(), b"cd".to_vec()]).to_vec();
+            table[8..12].copy_from_slice(&second.to_le_bytes());
+            table[12..16].copy_from_slice(&third.to_le_bytes());
+            assert!(Vocabulary::read(Box::leak(table.into_boxed_slice())).is_none());
+        }
+        // A token longer than a slot can describe.
+        assert!(Vocabulary::read(table_of(&[vec![b'x'; LONGEST + 1]])).is_none());
     }
 
     #[test]
