@@ -133,6 +133,19 @@ pub struct Memory {
     pub anon: u64,
 }
 
+impl Memory {
+    /// Reads `/proc/PID/status`; a field it lacks reads as 0.
+    pub fn of(pid: u32) -> Result<Memory, Failure> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let bytes = |key: &str| status_kib(&status, key).map_or(0, |kib| kib * 1024);
+        Ok(Memory {
+            rss: bytes("VmRSS"),
+            hwm: bytes("VmHWM"),
+            anon: bytes("RssAnon"),
+        })
+    }
+}
+
 /// Bytes of a directory tree.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskUsage {
@@ -831,13 +844,7 @@ impl ChildDaemon {
     }
 
     fn memory(&self) -> Result<Memory, Failure> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let bytes = |key: &str| status_kib(&status, key).map_or(0, |kib| kib * 1024);
-        Ok(Memory {
-            rss: bytes("VmRSS"),
-            hwm: bytes("VmHWM"),
-            anon: bytes("RssAnon"),
-        })
+        Memory::of(self.child.id())
     }
 
     /// The process's memory by kind (`smaps_rollup`) and its ten largest

@@ -248,8 +248,7 @@ fn time_corpus(c: Counter, docs: &[String], repeats: usize) -> (Duration, usize)
 
 /// This process's resident memory (`VmRSS`), in MiB; 0 if unreadable.
 fn resident_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    crate::daemon::status_kib(&status, "VmRSS").unwrap_or(0) as f64 / 1024.0
+    crate::storage::Memory::of(std::process::id()).map_or(0.0, |m| m.rss as f64 / (1 << 20) as f64)
 }
 
 /// What each counter adds to the resident memory of a process that has

@@ -22,10 +22,10 @@
 //! (a format-3 build would take a run for a damaged row, so from then on
 //! it must refuse the store), then packs every block due, session by
 //! session, each session's blocks in one transaction (the writer's own
-//! packing: `writer::pack_session`), and removes the mark. A conversion cut short is finished at the next
-//! open, leaving packed blocks as they are. Rows are moved byte for byte,
-//! so a damaged row stays damaged, and is reported where it is read, as
-//! before.
+//! packing: `writer::pack_session`), and removes the mark. A conversion
+//! cut short is finished at the next open, leaving packed blocks as they
+//! are. Rows are moved byte for byte, so a damaged row stays damaged, and
+//! is reported where it is read, as before.
 
 use std::collections::HashMap;
 use std::path::Path;
