@@ -342,20 +342,8 @@ impl Usage {
     /// Reads `/proc/PID/stat` and `/proc/PID/status`.
     pub fn of(pid: u32) -> Result<Usage, Failure> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // The command name may hold spaces and parentheses: the fields
-        // start after the last ')'. utime and stime are fields 14 and 15
-        // (1-based), the 12th and 13th after the name.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks = |i: usize| -> Result<u64, Failure> {
-            Ok(fields
-                .get(i)
-                .ok_or_else(|| format!("/proc/{pid}/stat has no field {}", i + 3))?
-                .parse()?)
-        };
-        let cpu_ticks = ticks(11)? + ticks(12)?;
+        let cpu_ticks = stat_cpu_ticks(&stat)
+            .ok_or_else(|| format!("/proc/{pid}/stat has no utime and stime"))?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
         let peak_kib = status_kib(&status, "VmHWM")
             .ok_or_else(|| format!("/proc/{pid}/status has no VmHWM"))?;
@@ -363,6 +351,105 @@ impl Usage {
             cpu_seconds: cpu_ticks as f64 / clock_ticks_per_second(),
             peak_rss_bytes: peak_kib * 1024,
         })
+    }
+}
+
+/// User plus system CPU ticks in the text of a `/proc/PID/stat` (or of
+/// one thread's `/proc/PID/task/TID/stat`); `None` when it has no such
+/// fields.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    // The command name may hold spaces and parentheses: the fields start
+    // after the last ')'. utime and stime are fields 14 and 15 (1-based),
+    // the 12th and 13th after the name.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+/// The daemon's threads, grouped by the names they are given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadGroup {
+    /// The async runtime's workers and its blocking pool: gRPC, the
+    /// sessions' turns, and the appends a request applies itself.
+    Runtime,
+    /// The engine's I/O threads, which write its log out.
+    EngineIo,
+    /// The store's writer and flusher.
+    Store,
+    /// Everything else: the main thread, the log's writer, and threads
+    /// that have exited.
+    Other,
+}
+
+impl ThreadGroup {
+    /// Every group, in the order [`ThreadCpu::seconds`] holds them.
+    pub const ALL: [ThreadGroup; 4] = [
+        ThreadGroup::Runtime,
+        ThreadGroup::EngineIo,
+        ThreadGroup::Store,
+        ThreadGroup::Other,
+    ];
+
+    /// The group of a thread named `comm` (the kernel keeps the first 15
+    /// bytes of a thread's name).
+    pub fn of(comm: &str) -> ThreadGroup {
+        if comm.starts_with("ctxbroker-store") {
+            ThreadGroup::Store
+        } else if comm.starts_with("sled-io") {
+            ThreadGroup::EngineIo
+        } else if comm.starts_with("tokio-rt-worker") || comm == "ctxbroker" {
+            ThreadGroup::Runtime
+        } else {
+            ThreadGroup::Other
+        }
+    }
+}
+
+/// A process's CPU seconds by [`ThreadGroup`]: each live thread's own
+/// time, by its name; what the process's total holds beyond the named
+/// groups (its other threads, and those that have exited) is `Other`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ThreadCpu {
+    /// Seconds per group, in the order of [`ThreadGroup::ALL`].
+    pub seconds: [f64; 4],
+}
+
+impl ThreadCpu {
+    /// Reads `/proc/PID/task/*/stat` and `comm`, and the process's total.
+    pub fn of(pid: u32) -> Result<ThreadCpu, Failure> {
+        let total = Usage::of(pid)?.cpu_seconds;
+        let mut seconds = [0.0; 4];
+        for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let dir = entry?.path();
+            // A thread may exit between the listing and the reads: its
+            // time is then in the total, and so in `Other`.
+            let (Ok(stat), Ok(comm)) = (
+                std::fs::read_to_string(dir.join("stat")),
+                std::fs::read_to_string(dir.join("comm")),
+            ) else {
+                continue;
+            };
+            let group = ThreadGroup::of(comm.trim_end());
+            if let Some(ticks) = stat_cpu_ticks(&stat)
+                && group != ThreadGroup::Other
+            {
+                seconds[group as usize] += ticks as f64 / clock_ticks_per_second();
+            }
+        }
+        let named: f64 = seconds.iter().sum();
+        seconds[ThreadGroup::Other as usize] = (total - named).max(0.0);
+        Ok(ThreadCpu { seconds })
+    }
+
+    /// The seconds of `self` beyond those of `before`, per group.
+    pub fn since(&self, before: &ThreadCpu) -> ThreadCpu {
+        let mut seconds = [0.0; 4];
+        for (i, s) in seconds.iter_mut().enumerate() {
+            *s = (self.seconds[i] - before.seconds[i]).max(0.0);
+        }
+        ThreadCpu { seconds }
     }
 }
 
@@ -411,6 +498,8 @@ pub struct PhaseUsage {
     pub wall_seconds: f64,
     /// The peak resident set at the end of the phase, bytes.
     pub peak_rss_bytes: u64,
+    /// The CPU seconds of the phase by thread group.
+    pub threads: ThreadCpu,
 }
 
 impl PhaseUsage {
@@ -430,6 +519,7 @@ impl PhaseUsage {
 pub struct PhaseMeter {
     pid: u32,
     cpu_at_start: f64,
+    threads_at_start: ThreadCpu,
     started: Instant,
 }
 
@@ -437,10 +527,12 @@ impl PhaseMeter {
     /// Resets the peak memory and reads the CPU time.
     pub fn start(pid: u32) -> Result<PhaseMeter, Failure> {
         reset_peak(pid);
+        let threads_at_start = ThreadCpu::of(pid)?;
         let usage = Usage::of(pid)?;
         Ok(PhaseMeter {
             pid,
             cpu_at_start: usage.cpu_seconds,
+            threads_at_start,
             started: Instant::now(),
         })
     }
@@ -449,10 +541,12 @@ impl PhaseMeter {
     pub fn finish(&self) -> Result<PhaseUsage, Failure> {
         let wall_seconds = self.started.elapsed().as_secs_f64();
         let usage = Usage::of(self.pid)?;
+        let threads = ThreadCpu::of(self.pid)?.since(&self.threads_at_start);
         Ok(PhaseUsage {
             cpu_seconds: (usage.cpu_seconds - self.cpu_at_start).max(0.0),
             wall_seconds,
             peak_rss_bytes: usage.peak_rss_bytes,
+            threads,
         })
     }
 }
@@ -472,5 +566,72 @@ mod tests {
         let usage = Usage::of(std::process::id()).unwrap();
         assert!(usage.cpu_seconds > 0.0, "{usage:?}");
         assert!(usage.peak_rss_bytes > 1 << 20, "{usage:?}");
+    }
+
+    #[test]
+    fn a_named_threads_cpu_lands_in_its_group() {
+        let pid = std::process::id();
+        let before = ThreadCpu::of(pid).unwrap();
+        let spin = std::thread::Builder::new()
+            .name("sled-io-bench".into())
+            .spawn(|| {
+                let busy = Instant::now();
+                let mut x = 0u64;
+                while busy.elapsed() < Duration::from_millis(120) {
+                    x = x.wrapping_mul(31).wrapping_add(7);
+                }
+                x
+            })
+            .unwrap();
+        // Read while the thread still runs: its time is its own.
+        std::thread::sleep(Duration::from_millis(80));
+        let during = ThreadCpu::of(pid).unwrap().since(&before);
+        assert!(spin.join().unwrap() != 1);
+        let io = during.seconds[ThreadGroup::EngineIo as usize];
+        assert!(io >= 0.03, "the spinning thread's time: {during:?}");
+        assert_eq!(
+            during.seconds[ThreadGroup::Store as usize],
+            0.0,
+            "{during:?}"
+        );
+    }
+
+    #[test]
+    fn the_groups_add_up_to_the_process() {
+        let pid = std::process::id();
+        let busy = Instant::now();
+        let mut x = 0u64;
+        while busy.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        assert!(x != 1);
+        let threads = ThreadCpu::of(pid).unwrap();
+        let total = Usage::of(pid).unwrap().cpu_seconds;
+        let sum: f64 = threads.seconds.iter().sum();
+        // Read one after the other: the process may run a few ticks more
+        // between the readings.
+        let tick = 1.0 / clock_ticks_per_second();
+        assert!(
+            sum > 0.0 && sum <= total + 2.0 * tick,
+            "{threads:?} vs {total}"
+        );
+        assert!(sum >= total - 3.0 * tick, "{threads:?} vs {total}");
+    }
+
+    #[test]
+    fn thread_names_fall_in_their_groups() {
+        assert_eq!(ThreadGroup::of("ctxbroker-store"), ThreadGroup::Store);
+        assert_eq!(ThreadGroup::of("sled-io-3"), ThreadGroup::EngineIo);
+        assert_eq!(ThreadGroup::of("tokio-rt-worker"), ThreadGroup::Runtime);
+        assert_eq!(ThreadGroup::of("ctxbroker"), ThreadGroup::Runtime);
+        assert_eq!(ThreadGroup::of("ctxbrokerd"), ThreadGroup::Other);
+        assert_eq!(ThreadGroup::of("ctxbroker-bench"), ThreadGroup::Other);
+    }
+
+    #[test]
+    fn cpu_ticks_are_read_past_a_name_with_parentheses() {
+        let stat = "42 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 17 0 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(267));
+        assert_eq!(stat_cpu_ticks("42 (short) S 1 2"), None);
     }
 }

@@ -142,18 +142,30 @@ fn admit_prints_every_row_with_plausible_figures() {
                             .map(str::trim)
                             .collect::<Vec<_>>()
                     })
-                    .find(|c| c.len() == 12 && c[0] == daemon && c[1] == size && c[2] == request)
+                    .find(|c| c.len() == 13 && c[0] == daemon && c[1] == size && c[2] == request)
                     .unwrap_or_else(|| panic!("no {daemon} {size} {request} row: {out}"));
                 assert_eq!(cells[3], "30", "{cells:?}");
                 assert!(number(cells[4]) > 0.0, "{cells:?}");
-                assert!(number(cells[5]) >= 0.0, "{cells:?}");
+                let cpu = number(cells[5]);
+                assert!(cpu >= 0.0, "{cells:?}");
+                // The CPU by thread group: four parts that add up to the
+                // whole, within their rounding and the ticks between the
+                // readings of the threads and of the process.
+                let parts: Vec<f64> = cells[6].split(" / ").map(number).collect();
+                assert_eq!(parts.len(), 4, "{cells:?}");
+                assert!(parts.iter().all(|p| *p >= 0.0), "{cells:?}");
+                let tick_per_request = 1e6 / 100.0 / 30.0;
+                assert!(
+                    (parts.iter().sum::<f64>() - cpu).abs() <= 2.0 + 2.0 * tick_per_request,
+                    "{cells:?}"
+                );
                 // The engine's writes per request: none for a no-op; for
                 // an admission of one span the span (its term vector
                 // inside) and the session's record, which carries the
                 // batch's commit epoch (a pin row more for a message that
                 // reads as a rule); a key row more with a key; and every
                 // 16 appends a block packed, its rows removed for its run.
-                let (keys, bytes) = cells[8]
+                let (keys, bytes) = cells[9]
                     .split_once(" / ")
                     .unwrap_or_else(|| panic!("{cells:?}"));
                 let (keys, bytes) = (number(keys), number(bytes));
@@ -162,15 +174,15 @@ fn admit_prints_every_row_with_plausible_figures() {
                 // not looked up); and once a session's block is due for
                 // packing, its rows, so each appended span is read once
                 // more, a block later.
-                let reads = number(cells[9]);
+                let reads = number(cells[10]);
                 // The engine's blob files synced per request.
-                let blob_syncs = number(cells[10]);
+                let blob_syncs = number(cells[11]);
                 assert!(blob_syncs >= 0.0, "{cells:?}");
                 // Writes the request applied itself: none with durable
                 // writes, nearly every admission of one client with
                 // relaxed ones (the writer is idle; one every half second
                 // goes to it to sync the blob files).
-                let by_caller = number(cells[11]);
+                let by_caller = number(cells[12]);
                 match (daemon, request) {
                     ("durable", _) | (_, "no-op") => assert_eq!(by_caller, 0.0, "{cells:?}"),
                     _ => assert!(by_caller >= 0.5, "{cells:?}"),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ctxbroker_proto::v1 as pb;
 
 use crate::common::{Client, Failure, Quantiles};
-use crate::daemon::{EngineWrites, PhaseMeter};
+use crate::daemon::{EngineWrites, PhaseMeter, PhaseUsage};
 
 use super::{Turn, Workload};
 
@@ -39,6 +39,8 @@ pub(super) struct FlatRow {
     pub p50_us: f64,
     /// The daemon's CPU per request, µs.
     pub cpu_us: f64,
+    /// The same by thread group (`ThreadGroup::ALL`'s order), µs.
+    pub threads_us: [f64; 4],
     /// Keys and bytes the store's writer handed the engine per request.
     pub written: EngineWrites,
 }
@@ -81,7 +83,7 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(size, "no-op", &mut latencies, used.cpu_seconds, wrote));
+        rows.push(row(size, "no-op", &mut latencies, &used, wrote));
         let mut latencies = Vec::with_capacity(admissions);
         let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
@@ -95,7 +97,7 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(size, "admit", &mut latencies, used.cpu_seconds, wrote));
+        rows.push(row(size, "admit", &mut latencies, &used, wrote));
         let mut latencies = Vec::with_capacity(admissions);
         let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
@@ -111,13 +113,7 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(
-            size,
-            "admit+key",
-            &mut latencies,
-            used.cpu_seconds,
-            wrote,
-        ));
+        rows.push(row(size, "admit+key", &mut latencies, &used, wrote));
     }
     Ok(rows)
 }
@@ -126,17 +122,19 @@ fn row(
     size: usize,
     request: &'static str,
     latencies: &mut [Duration],
-    cpu: f64,
+    used: &PhaseUsage,
     written: EngineWrites,
 ) -> FlatRow {
     latencies.sort();
     let requests = latencies.len();
+    let per_request = |seconds: f64| seconds * 1e6 / requests.max(1) as f64;
     FlatRow {
         live_spans: size,
         request,
         requests,
         p50_us: Quantiles::of(latencies).p50,
-        cpu_us: cpu * 1e6 / requests.max(1) as f64,
+        cpu_us: per_request(used.cpu_seconds),
+        threads_us: used.threads.seconds.map(per_request),
         written,
     }
 }
@@ -211,7 +209,7 @@ async fn admit_keyed(
 /// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
-        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | of which runtime / engine I/O / store threads / other | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         // The same request at the first size.
@@ -232,12 +230,16 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             ("–".to_owned(), "–".to_owned())
         };
         out.push_str(&format!(
-            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
+            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {:.0} / {:.0} / {:.0} / {:.0} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
             r.live_spans,
             r.request,
             r.requests,
             r.p50_us,
             r.cpu_us,
+            r.threads_us[0],
+            r.threads_us[1],
+            r.threads_us[2],
+            r.threads_us[3],
             r.written.keys,
             r.written.bytes,
             r.written.reads,
