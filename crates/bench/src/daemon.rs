@@ -376,8 +376,10 @@ pub enum ThreadGroup {
     Runtime,
     /// The engine's I/O threads, which write its log out.
     EngineIo,
-    /// The store's writer and flusher.
-    Store,
+    /// The store's writer thread, which applies the batches.
+    Writer,
+    /// The store's flusher thread, which flushes and syncs them.
+    Flusher,
     /// Everything else: the main thread, the log's writer, and threads
     /// that have exited.
     Other,
@@ -385,18 +387,21 @@ pub enum ThreadGroup {
 
 impl ThreadGroup {
     /// Every group, in the order [`ThreadCpu::seconds`] holds them.
-    pub const ALL: [ThreadGroup; 4] = [
+    pub const ALL: [ThreadGroup; 5] = [
         ThreadGroup::Runtime,
         ThreadGroup::EngineIo,
-        ThreadGroup::Store,
+        ThreadGroup::Writer,
+        ThreadGroup::Flusher,
         ThreadGroup::Other,
     ];
 
     /// The group of a thread named `comm` (the kernel keeps the first 15
     /// bytes of a thread's name).
     pub fn of(comm: &str) -> ThreadGroup {
-        if comm.starts_with("ctxbroker-store") {
-            ThreadGroup::Store
+        if comm == "store-writer" {
+            ThreadGroup::Writer
+        } else if comm == "store-flusher" {
+            ThreadGroup::Flusher
         } else if comm.starts_with("sled-io") {
             ThreadGroup::EngineIo
         } else if comm.starts_with("tokio-rt-worker") || comm == "ctxbroker" {
@@ -413,14 +418,14 @@ impl ThreadGroup {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ThreadCpu {
     /// Seconds per group, in the order of [`ThreadGroup::ALL`].
-    pub seconds: [f64; 4],
+    pub seconds: [f64; 5],
 }
 
 impl ThreadCpu {
     /// Reads `/proc/PID/task/*/stat` and `comm`, and the process's total.
     pub fn of(pid: u32) -> Result<ThreadCpu, Failure> {
         let total = Usage::of(pid)?.cpu_seconds;
-        let mut seconds = [0.0; 4];
+        let mut seconds = [0.0; 5];
         for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
             let dir = entry?.path();
             // A thread may exit between the listing and the reads: its
@@ -445,7 +450,7 @@ impl ThreadCpu {
 
     /// The seconds of `self` beyond those of `before`, per group.
     pub fn since(&self, before: &ThreadCpu) -> ThreadCpu {
-        let mut seconds = [0.0; 4];
+        let mut seconds = [0.0; 5];
         for (i, s) in seconds.iter_mut().enumerate() {
             *s = (self.seconds[i] - before.seconds[i]).max(0.0);
         }
@@ -590,7 +595,7 @@ mod tests {
         let io = during.seconds[ThreadGroup::EngineIo as usize];
         assert!(io >= 0.03, "the spinning thread's time: {during:?}");
         assert_eq!(
-            during.seconds[ThreadGroup::Store as usize],
+            during.seconds[ThreadGroup::Writer as usize],
             0.0,
             "{during:?}"
         );
@@ -620,7 +625,8 @@ mod tests {
 
     #[test]
     fn thread_names_fall_in_their_groups() {
-        assert_eq!(ThreadGroup::of("ctxbroker-store"), ThreadGroup::Store);
+        assert_eq!(ThreadGroup::of("store-writer"), ThreadGroup::Writer);
+        assert_eq!(ThreadGroup::of("store-flusher"), ThreadGroup::Flusher);
         assert_eq!(ThreadGroup::of("sled-io-3"), ThreadGroup::EngineIo);
         assert_eq!(ThreadGroup::of("tokio-rt-worker"), ThreadGroup::Runtime);
         assert_eq!(ThreadGroup::of("ctxbroker"), ThreadGroup::Runtime);

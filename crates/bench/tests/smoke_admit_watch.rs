@@ -95,6 +95,27 @@ fn admit_prints_every_row_with_plausible_figures() {
             assert!(number(cells[11]) > 0.0, "no daemon CPU: {cells:?}");
             assert!(number(cells[13]) > 1.0, "no daemon memory: {cells:?}");
             assert_eq!(cells[15], "0", "errors: {cells:?}");
+            // The same row's CPU by thread group: five parts that add up
+            // to the whole, within their rounding.
+            let threads: Vec<f64> = out
+                .lines()
+                .map(|l| {
+                    l.trim_matches('|')
+                        .split('|')
+                        .map(str::trim)
+                        .collect::<Vec<_>>()
+                })
+                .find(|c| c.len() == 7 && c[0] == name && c[1] == server)
+                .unwrap_or_else(|| panic!("no thread split for {name} {server}: {out}"))[2..]
+                .iter()
+                .map(|c| number(c))
+                .collect();
+            assert!(threads.iter().all(|t| *t >= 0.0), "{threads:?}");
+            let whole = number(cells[12]);
+            assert!(
+                (threads.iter().sum::<f64>() - whole).abs() <= 2.0 + whole * 0.05,
+                "{threads:?} against {whole}"
+            );
         }
         assert!(number(row(&out, admit, Some(server))[10]) >= 0.0);
         for name in [
@@ -148,11 +169,11 @@ fn admit_prints_every_row_with_plausible_figures() {
                 assert!(number(cells[4]) > 0.0, "{cells:?}");
                 let cpu = number(cells[5]);
                 assert!(cpu >= 0.0, "{cells:?}");
-                // The CPU by thread group: four parts that add up to the
+                // The CPU by thread group: five parts that add up to the
                 // whole, within their rounding and the ticks between the
                 // readings of the threads and of the process.
                 let parts: Vec<f64> = cells[6].split(" / ").map(number).collect();
-                assert_eq!(parts.len(), 4, "{cells:?}");
+                assert_eq!(parts.len(), 5, "{cells:?}");
                 assert!(parts.iter().all(|p| *p >= 0.0), "{cells:?}");
                 let tick_per_request = 1e6 / 100.0 / 30.0;
                 assert!(

@@ -158,8 +158,10 @@ impl Store {
         let handoff = match options.durability {
             Durability::Flush => {
                 let (to, from_writer) = std::sync::mpsc::channel();
+                // The kernel keeps 15 bytes of a thread's name: these two
+                // stay apart in `top -H` and `/proc`.
                 let thread = std::thread::Builder::new()
-                    .name("ctxbroker-store-flusher".into())
+                    .name("store-flusher".into())
                     .spawn(move || flusher.run(from_writer))
                     .map_err(|e| StoreError::Io(format!("starting the flusher thread: {e}")))?;
                 Handoff::Thread { to, thread }
@@ -179,7 +181,7 @@ impl Store {
         };
         let writer_state = Arc::new(WriterCell::new(Some(writer)));
         let handle = std::thread::Builder::new()
-            .name("ctxbroker-store-writer".into())
+            .name("store-writer".into())
             .spawn({
                 let cell = Arc::clone(&writer_state);
                 let shared = Arc::clone(&shared);

@@ -1561,3 +1561,24 @@ async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
         .collect();
     assert_eq!(positions, [1, 2, 3, 5]);
 }
+
+/// The writer and the flusher run on threads whose names the kernel keeps
+/// whole (15 bytes), so that `top -H`, `/proc` and the benchmarks' split
+/// of the daemon's CPU by thread tell them apart.
+#[tokio::test]
+async fn the_store_threads_have_names_the_kernel_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let _store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        if let Ok(comm) = std::fs::read_to_string(entry.unwrap().path().join("comm")) {
+            names.push(comm.trim_end().to_owned());
+        }
+    }
+    for wanted in ["store-writer", "store-flusher"] {
+        assert!(
+            names.iter().any(|n| n == wanted),
+            "no thread named {wanted} among {names:?}"
+        );
+    }
+}

@@ -40,7 +40,7 @@ pub(super) struct FlatRow {
     /// The daemon's CPU per request, µs.
     pub cpu_us: f64,
     /// The same by thread group (`ThreadGroup::ALL`'s order), µs.
-    pub threads_us: [f64; 4],
+    pub threads_us: [f64; 5],
     /// Keys and bytes the store's writer handed the engine per request.
     pub written: EngineWrites,
 }
@@ -209,7 +209,7 @@ async fn admit_keyed(
 /// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
-        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | of which runtime / engine I/O / store threads / other | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | of which runtime / engine I/O / writer / flusher / other | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         // The same request at the first size.
@@ -230,7 +230,7 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             ("–".to_owned(), "–".to_owned())
         };
         out.push_str(&format!(
-            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {:.0} / {:.0} / {:.0} / {:.0} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
+            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {:.0} / {:.0} / {:.0} / {:.0} / {:.0} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
             r.live_spans,
             r.request,
             r.requests,
@@ -240,6 +240,7 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             r.threads_us[1],
             r.threads_us[2],
             r.threads_us[3],
+            r.threads_us[4],
             r.written.keys,
             r.written.bytes,
             r.written.reads,

@@ -258,6 +258,14 @@ impl Row {
         usage.cpu_seconds += segment.usage.cpu_seconds;
         usage.wall_seconds += segment.usage.wall_seconds;
         usage.peak_rss_bytes = usage.peak_rss_bytes.max(segment.usage.peak_rss_bytes);
+        for (sum, part) in usage
+            .threads
+            .seconds
+            .iter_mut()
+            .zip(segment.usage.threads.seconds)
+        {
+            *sum += part;
+        }
         *self.client_cpu.get_or_insert(0.0) += segment.client_cpu;
     }
 
@@ -269,6 +277,19 @@ impl Row {
     /// The median latency of replies without a compaction, µs.
     pub fn plain_p50(&self) -> f64 {
         Quantiles::of(&self.samples.plain).p50
+    }
+
+    /// The row's server CPU per request by thread group, for a daemon's
+    /// row: `| row | server | runtime | engine I/O | writer | flusher | other |`.
+    fn render_threads(&self) -> Option<String> {
+        let n = self.samples.all().len();
+        let usage = self.usage.filter(|_| n > 0)?;
+        let [runtime, io, writer, flusher, other] =
+            usage.threads.seconds.map(|s| s * 1e6 / n as f64);
+        Some(format!(
+            "| {} | {} | {runtime:.0} | {io:.0} | {writer:.0} | {flusher:.0} | {other:.0} |",
+            self.name, self.server
+        ))
     }
 
     fn render(&self) -> String {
@@ -310,6 +331,9 @@ impl Row {
         )
     }
 }
+
+/// The header of the table of the daemons' CPU by thread group.
+pub const THREADS_HEADER: &str = "| row | server | runtime µs/req | engine I/O µs/req | writer µs/req | flusher µs/req | other µs/req |\n|---|---|---|---|---|---|---|";
 
 /// The table's header.
 pub const HEADER: &str = "| row | server | clients | requests | req/s | p50 µs | p90 µs | p99 µs | max µs | p50 µs, no compaction | compactions/s | server CPU cores | server CPU µs/req | server peak RSS MiB | load generator CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
@@ -481,6 +505,17 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     for (_, probe) in &probes {
         println!("{}", probe.noop.render());
         println!("{}", probe.admit.render());
+    }
+    println!();
+    println!("the daemons' CPU µs per request by thread group, loaded rows:");
+    println!();
+    println!("{THREADS_HEADER}");
+    for target in &targets {
+        for row in [&target.noop, &target.admit] {
+            if let Some(line) = row.render_threads() {
+                println!("{line}");
+            }
+        }
     }
     if !flat.is_empty() {
         println!();
