@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, warn};
 
+use crate::coalesce::Stash;
 use crate::socket::Listener;
 use crate::tls::Tls;
 
@@ -197,6 +198,8 @@ pub struct Conn {
     transport: Transport,
     /// The preface, replayed before anything else is read.
     replay: &'static [u8],
+    /// Small writes held back for the next large one (see `coalesce`).
+    stash: Stash,
     local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     _slot: Slot,
@@ -240,33 +243,33 @@ impl AsyncRead for Conn {
     }
 }
 
+/// Writes pass through a [`Stash`], and the connection takes no vectored
+/// writes, so that h2 keeps a reply of a few hundred bytes in one write
+/// with its trailers (see `coalesce`).
 impl AsyncWrite for Conn {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().transport).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.stash.poll_write(&mut this.transport, cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().transport).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(this.stash.poll_drain(&mut this.transport, cx))?;
+        Pin::new(&mut this.transport).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().transport).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().transport).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        ready!(this.stash.poll_drain(&mut this.transport, cx))?;
+        Pin::new(&mut this.transport).poll_shutdown(cx)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.transport.is_write_vectored()
+        false
     }
 }
 
@@ -365,6 +368,7 @@ async fn accept_loop(
             let conn = Conn {
                 transport,
                 replay: PREFACE,
+                stash: Stash::default(),
                 local,
                 remote,
                 _slot: slot,

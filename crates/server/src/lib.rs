@@ -9,6 +9,7 @@ pub mod audit;
 pub mod auth;
 pub mod blocking;
 pub mod broker;
+mod coalesce;
 pub mod config;
 pub mod convert;
 pub mod error;
