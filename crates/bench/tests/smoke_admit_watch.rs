@@ -12,16 +12,16 @@ use support::bench;
 
 /// The cells of the table row whose first cell is `name` (and, when
 /// given, whose second is `server`).
+/// The cells of a markdown table's line.
+fn table_cells(line: &str) -> Vec<&str> {
+    line.trim_matches('|').split('|').map(str::trim).collect()
+}
+
 fn row<'a>(output: &'a str, name: &str, server: Option<&str>) -> Vec<&'a str> {
     output
         .lines()
         .filter(|line| line.starts_with('|'))
-        .map(|line| {
-            line.trim_matches('|')
-                .split('|')
-                .map(str::trim)
-                .collect::<Vec<_>>()
-        })
+        .map(table_cells)
         .find(|cells| cells[0] == name && server.is_none_or(|s| cells.get(1) == Some(&s)))
         .unwrap_or_else(|| panic!("no row {name:?} {server:?} in:\n{output}"))
 }
@@ -100,12 +100,7 @@ fn admit_prints_every_row_with_plausible_figures() {
             // they need not add up to the whole).
             let threads: Vec<f64> = out
                 .lines()
-                .map(|l| {
-                    l.trim_matches('|')
-                        .split('|')
-                        .map(str::trim)
-                        .collect::<Vec<_>>()
-                })
+                .map(table_cells)
                 .find(|c| c.len() == 7 && c[0] == name && c[1] == server)
                 .unwrap_or_else(|| panic!("no thread split for {name} {server}: {out}"))[2..]
                 .iter()
@@ -154,12 +149,7 @@ fn admit_prints_every_row_with_plausible_figures() {
             for request in ["no-op", "admit", "admit+key"] {
                 let cells = out
                     .lines()
-                    .map(|l| {
-                        l.trim_matches('|')
-                            .split('|')
-                            .map(str::trim)
-                            .collect::<Vec<_>>()
-                    })
+                    .map(table_cells)
                     .find(|c| c.len() == 13 && c[0] == daemon && c[1] == size && c[2] == request)
                     .unwrap_or_else(|| panic!("no {daemon} {size} {request} row: {out}"));
                 assert_eq!(cells[3], "30", "{cells:?}");
