@@ -1569,16 +1569,29 @@ async fn a_new_span_at_a_taken_position_is_refused_and_changes_nothing() {
 async fn the_store_threads_have_names_the_kernel_keeps() {
     let dir = tempfile::tempdir().unwrap();
     let _store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
-        if let Ok(comm) = std::fs::read_to_string(entry.unwrap().path().join("comm")) {
-            names.push(comm.trim_end().to_owned());
+    let names = || {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+            if let Ok(comm) = std::fs::read_to_string(entry.unwrap().path().join("comm")) {
+                names.push(comm.trim_end().to_owned());
+            }
         }
+        names
+    };
+    // A new thread names itself once it runs: wait for both.
+    let named = |names: &[String]| {
+        ["store-writer", "store-flusher"]
+            .iter()
+            .all(|wanted| names.iter().any(|n| n == wanted))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = names();
+    while !named(&seen) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        seen = names();
     }
-    for wanted in ["store-writer", "store-flusher"] {
-        assert!(
-            names.iter().any(|n| n == wanted),
-            "no thread named {wanted} among {names:?}"
-        );
-    }
+    assert!(
+        named(&seen),
+        "no store-writer and store-flusher among {seen:?}"
+    );
 }
