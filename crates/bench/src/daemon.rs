@@ -577,23 +577,38 @@ mod tests {
     fn a_named_threads_cpu_lands_in_its_group() {
         let pid = std::process::id();
         let before = ThreadCpu::of(pid).unwrap();
+        let (spun, read) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let (spun_tx, spun_rx) = spun;
+        let (read_tx, read_rx) = read;
         let spin = std::thread::Builder::new()
             .name("sled-io-bench".into())
-            .spawn(|| {
-                let busy = Instant::now();
+            .spawn(move || {
+                // Spin until the kernel has counted 5 ticks of this thread,
+                // however busy the machine, then stay alive until read.
                 let mut x = 0u64;
-                while busy.elapsed() < Duration::from_millis(120) {
-                    x = x.wrapping_mul(31).wrapping_add(7);
+                let own = || {
+                    std::fs::read_to_string("/proc/thread-self/stat")
+                        .ok()
+                        .and_then(|stat| stat_cpu_ticks(&stat))
+                        .unwrap_or(0)
+                };
+                let start = own();
+                while own() < start + 5 {
+                    for _ in 0..100_000 {
+                        x = x.wrapping_mul(31).wrapping_add(7);
+                    }
                 }
+                spun_tx.send(()).unwrap();
+                read_rx.recv().unwrap();
                 x
             })
             .unwrap();
-        // Read while the thread still runs: its time is its own.
-        std::thread::sleep(Duration::from_millis(80));
+        spun_rx.recv().unwrap();
         let during = ThreadCpu::of(pid).unwrap().since(&before);
+        read_tx.send(()).unwrap();
         assert!(spin.join().unwrap() != 1);
         let io = during.seconds[ThreadGroup::EngineIo as usize];
-        assert!(io >= 0.03, "the spinning thread's time: {during:?}");
+        assert!(io >= 0.04, "the spinning thread's time: {during:?}");
         assert_eq!(
             during.seconds[ThreadGroup::Writer as usize],
             0.0,
