@@ -422,9 +422,9 @@ pub struct ThreadCpu {
 }
 
 impl ThreadCpu {
-    /// Reads `/proc/PID/task/*/stat` and `comm`, and the process's total.
-    pub fn of(pid: u32) -> Result<ThreadCpu, Failure> {
-        let total = Usage::of(pid)?.cpu_seconds;
+    /// Reads `/proc/PID/task/*/stat` and `comm`; `total` is the process's
+    /// CPU seconds ([`Usage::cpu_seconds`]) read just before.
+    pub fn of(pid: u32, total: f64) -> Result<ThreadCpu, Failure> {
         let mut seconds = [0.0; 5];
         for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
             let dir = entry?.path();
@@ -532,8 +532,8 @@ impl PhaseMeter {
     /// Resets the peak memory and reads the CPU time.
     pub fn start(pid: u32) -> Result<PhaseMeter, Failure> {
         reset_peak(pid);
-        let threads_at_start = ThreadCpu::of(pid)?;
         let usage = Usage::of(pid)?;
+        let threads_at_start = ThreadCpu::of(pid, usage.cpu_seconds)?;
         Ok(PhaseMeter {
             pid,
             cpu_at_start: usage.cpu_seconds,
@@ -546,7 +546,7 @@ impl PhaseMeter {
     pub fn finish(&self) -> Result<PhaseUsage, Failure> {
         let wall_seconds = self.started.elapsed().as_secs_f64();
         let usage = Usage::of(self.pid)?;
-        let threads = ThreadCpu::of(self.pid)?.since(&self.threads_at_start);
+        let threads = ThreadCpu::of(self.pid, usage.cpu_seconds)?.since(&self.threads_at_start);
         Ok(PhaseUsage {
             cpu_seconds: (usage.cpu_seconds - self.cpu_at_start).max(0.0),
             wall_seconds,
@@ -576,7 +576,8 @@ mod tests {
     #[test]
     fn a_named_threads_cpu_lands_in_its_group() {
         let pid = std::process::id();
-        let before = ThreadCpu::of(pid).unwrap();
+        let cpu = || Usage::of(pid).unwrap().cpu_seconds;
+        let before = ThreadCpu::of(pid, cpu()).unwrap();
         let (spun, read) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
         let (spun_tx, spun_rx) = spun;
         let (read_tx, read_rx) = read;
@@ -604,7 +605,7 @@ mod tests {
             })
             .unwrap();
         spun_rx.recv().unwrap();
-        let during = ThreadCpu::of(pid).unwrap().since(&before);
+        let during = ThreadCpu::of(pid, cpu()).unwrap().since(&before);
         read_tx.send(()).unwrap();
         assert!(spin.join().unwrap() != 1);
         let io = during.seconds[ThreadGroup::EngineIo as usize];
@@ -625,8 +626,8 @@ mod tests {
             x = x.wrapping_mul(31).wrapping_add(7);
         }
         assert!(x != 1);
-        let threads = ThreadCpu::of(pid).unwrap();
         let total = Usage::of(pid).unwrap().cpu_seconds;
+        let threads = ThreadCpu::of(pid, total).unwrap();
         let sum: f64 = threads.seconds.iter().sum();
         // Read one after the other: the process may run a few ticks more
         // between the readings.

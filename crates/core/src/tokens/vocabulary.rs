@@ -3,7 +3,7 @@
 //!
 //! The table is written by the build script from bpe-openai's encoder and
 //! read in place: the tokens' bytes by rank, and a hash index over them
-//! built on first use (8 MiB: each slot holds a token's first 12 bytes,
+//! built on first use with the core's fast hasher (8 MiB: each slot holds a token's first 12 bytes,
 //! so that most look-ups read nothing else). The whole vocabulary then
 //! costs about 10 MiB of memory, where bpe-openai's encoder holds about
 //! 35 MB of search automata, and touches about as much of the binary
@@ -17,6 +17,9 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::hash::BuildHasher;
+
+use crate::fasthash::FastState;
 
 /// The table the build script writes (see `build.rs`).
 static TABLE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/o200k_base.tokens"));
@@ -87,8 +90,10 @@ pub(crate) struct Vocabulary {
     offsets: &'static [u8],
     /// Every token's bytes, in rank order.
     bytes: &'static [u8],
-    /// Open addressing by [`hash`], at most half full.
+    /// Open addressing by `state`'s hash, at most half full.
     slots: Box<[Slot]>,
+    /// The core's fast hasher, seeded per process.
+    state: FastState,
 }
 
 impl Vocabulary {
@@ -108,6 +113,7 @@ impl Vocabulary {
             offsets,
             bytes,
             slots: vec![Slot::default(); slots_len].into_boxed_slice(),
+            state: FastState::default(),
         };
         let mut previous = 0;
         for rank in 0..n {
@@ -120,7 +126,7 @@ impl Vocabulary {
         let mask = slots_len - 1;
         for rank in 0..n {
             let token = vocabulary.token(rank as u32);
-            let mut slot = hash(token) as usize & mask;
+            let mut slot = vocabulary.state.hash_one(token) as usize & mask;
             while !vocabulary.slots[slot].is_empty() {
                 slot = (slot + 1) & mask;
             }
@@ -156,7 +162,7 @@ impl Vocabulary {
     #[inline]
     pub(crate) fn rank(&self, bytes: &[u8]) -> Option<u32> {
         let mask = self.slots.len() - 1;
-        let mut slot = hash(bytes) as usize & mask;
+        let mut slot = self.state.hash_one(bytes) as usize & mask;
         let wanted = head(bytes);
         loop {
             let entry = self.slots[slot];
@@ -286,33 +292,6 @@ impl Vocabulary {
         }
         parts
     }
-}
-
-/// A hash of a token's bytes: eight bytes at a time, each folded into the
-/// state by one wide multiplication. The vocabulary is fixed, so an
-/// unkeyed hash is enough.
-#[inline]
-fn hash(bytes: &[u8]) -> u64 {
-    let mut state = (bytes.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        state = fold(state ^ u64::from_le_bytes(word));
-    }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut word = [0u8; 8];
-        word[..rest.len()].copy_from_slice(rest);
-        state = fold(state ^ u64::from_le_bytes(word));
-    }
-    state
-}
-
-#[inline]
-fn fold(x: u64) -> u64 {
-    let product = u128::from(x ^ 0x243f_6a88_85a3_08d3) * u128::from(0x1319_8a2e_0370_7344u64);
-    (product as u64) ^ ((product >> 64) as u64)
 }
 
 #[cfg(test)]
