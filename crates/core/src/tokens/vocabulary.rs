@@ -3,8 +3,9 @@
 //!
 //! The table is written by the build script from bpe-openai's encoder and
 //! read in place: the tokens' bytes by rank, and a hash index over them
-//! built on first use with the core's fast hasher (8 MiB: each slot holds a token's first 12 bytes,
-//! so that most look-ups read nothing else). The whole vocabulary then
+//! built on first use with the core's fast hasher (8 MiB: each slot holds
+//! a token's first 12 bytes, so that most look-ups read nothing else).
+//! The whole vocabulary then
 //! costs about 10 MiB of memory, where bpe-openai's encoder holds about
 //! 35 MB of search automata, and touches about as much of the binary
 //! again while it loads them.
