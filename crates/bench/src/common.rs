@@ -12,14 +12,6 @@ pub type Client = ContextBrokerClient<Channel>;
 /// Any failure of a measurement run.
 pub type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-/// The positional argument at `index`, parsed, or `default` when absent.
-pub fn parse(args: &[String], index: usize, default: usize) -> Result<usize, Failure> {
-    Ok(match args.get(index) {
-        Some(text) => text.parse()?,
-        None => default,
-    })
-}
-
 /// The flags of subcommand `name`, parsed; on `--help` or an error, clap's
 /// message is printed and the process exits (0 for help, 2 for an error).
 pub fn flags<T: clap::Parser>(name: &str, args: &[String]) -> T {

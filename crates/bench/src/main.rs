@@ -104,6 +104,7 @@ async fn main() -> Result<(), Failure> {
                 "       ctxbroker-bench storage [--sessions N] [--spans N] [--clients N] [--restarts N] [--verify N] [--sample N] [--daemon PATH] [--dir DIR] [--reuse] [--populate-durability flush|relaxed] [--daemon-arg ARG]..."
             );
             eprintln!("       ctxbroker-bench search [--spans N,N,...] [--queries N] [--batch N]");
+            eprintln!("each subcommand takes --help");
             std::process::exit(2);
         }
     }

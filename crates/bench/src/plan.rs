@@ -52,43 +52,49 @@ const EARLIER_SPANS: u64 = 240;
 /// The clock of the generated session, in ms since the epoch.
 const NOW_MS: u64 = 1_700_000_000_000;
 
-/// `plan [SIZES] [REPEATS] [--csv PATH]`: `SIZES` comma-separated
-/// (default 1000,10000,100000,1000000), each measured `REPEATS` times
-/// (default 5); with `--csv`, every run's times are also written to PATH.
-pub fn plan_main(args: &[String]) -> Result<(), Failure> {
-    let (csv, args) = take_csv(args)?;
-    let args = args.as_slice();
-    let sizes = match args.first() {
-        Some(list) => list
-            .split(',')
-            .map(|s| s.trim().parse::<usize>())
-            .collect::<Result<Vec<_>, _>>()?,
-        None => DEFAULT_SIZES.to_vec(),
-    };
-    let repeats = crate::common::parse(args, 1, 5)?;
-    if sizes.iter().any(|&n| n < 2) || repeats == 0 {
-        return Err("every size must be at least 2 spans and REPEATS at least 1".into());
-    }
-    run(&sizes, repeats, csv.as_deref())
+/// The arguments of `plan`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "`ctxbroker-bench plan`: the admission that must compact a session of N live spans, in process (plan, apply, verify), and its growth against n log n",
+    long_about = None
+)]
+struct PlanArgs {
+    /// Session sizes, in live spans, comma-separated (each at least 2;
+    /// default 1000,10000,100000,1000000).
+    #[arg(value_parser = size_list)]
+    sizes: Option<SizeList>,
+    /// Runs measured per size.
+    #[arg(default_value_t = 5)]
+    repeats: usize,
+    /// Also write every run's times to this CSV file.
+    #[arg(long, value_name = "PATH")]
+    csv: Option<PathBuf>,
 }
 
-/// `--csv PATH` (or `--csv=PATH`) taken out of `args`, wherever it
-/// stands; the positional arguments left in order.
-fn take_csv(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), Failure> {
-    let mut csv = None;
-    let mut rest = Vec::with_capacity(args.len());
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if arg == "--csv" {
-            let path = it.next().ok_or("--csv needs a PATH")?;
-            csv = Some(PathBuf::from(path));
-        } else if let Some(path) = arg.strip_prefix("--csv=") {
-            csv = Some(PathBuf::from(path));
-        } else {
-            rest.push(arg.clone());
-        }
+/// `plan [SIZES] [REPEATS] [--csv PATH]`: each size measured `REPEATS`
+/// times; with `--csv`, every run's times are also written to PATH.
+pub fn plan_main(args: &[String]) -> Result<(), Failure> {
+    let args: PlanArgs = crate::common::flags("plan", args);
+    let sizes = args.sizes.map_or(DEFAULT_SIZES.to_vec(), |list| list.0);
+    if sizes.iter().any(|&n| n < 2) || args.repeats == 0 {
+        return Err("every size must be at least 2 spans and REPEATS at least 1".into());
     }
-    Ok((csv, rest))
+    run(&sizes, args.repeats, args.csv.as_deref())
+}
+
+/// Session sizes given as one comma-separated argument.
+#[derive(Debug, Clone, PartialEq)]
+struct SizeList(Vec<usize>);
+
+fn size_list(text: &str) -> Result<SizeList, String> {
+    text.split(',')
+        .map(|size| {
+            size.trim()
+                .parse()
+                .map_err(|err| format!("{size:?} is not a size: {err}"))
+        })
+        .collect::<Result<_, _>>()
+        .map(SizeList)
 }
 
 /// Every run of one size, in the order measured: the `k`th admission,
@@ -808,4 +814,31 @@ pub fn workload(n: usize, c: &'static dyn TokenCounter) -> (Session, Vec<Incomin
     record.last_admit_ms = NOW_MS - 1_000;
     record.last_compaction_ms = NOW_MS - 3_600_000;
     (Session::new(record, spans), incoming)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn takes_sizes_repeats_and_csv_in_any_order() {
+        let args = PlanArgs::try_parse_from(["plan", "--csv", "p.csv", "1000,5000", "3"]).unwrap();
+        assert_eq!(args.sizes, Some(SizeList(vec![1_000, 5_000])));
+        assert_eq!(args.repeats, 3);
+        assert_eq!(args.csv, Some(PathBuf::from("p.csv")));
+        let args = PlanArgs::try_parse_from(["plan"]).unwrap();
+        assert_eq!(args.sizes, None);
+        assert_eq!((args.repeats, args.csv), (5, None));
+    }
+
+    #[test]
+    fn explains_itself_and_names_a_bad_argument() {
+        let help = PlanArgs::try_parse_from(["plan", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        let bad = PlanArgs::try_parse_from(["plan", "1000,x"]).unwrap_err();
+        assert!(bad.to_string().contains("[SIZES]"), "{bad}");
+    }
 }

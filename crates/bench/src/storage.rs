@@ -102,20 +102,84 @@ pub struct StorageOptions {
 impl StorageOptions {
     /// The defaults of the full run, served by `program`.
     pub fn new(program: DaemonProgram) -> Self {
+        StorageArgs::defaults().into_options(program)
+    }
+}
+
+/// The flags of `storage` (see [`StorageOptions`] for each one's meaning).
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "`ctxbroker-bench storage`: sessions populated through Admit, then restarted and read back: bytes on disk, memory, restart time",
+    long_about = None
+)]
+struct StorageArgs {
+    /// Sessions to populate.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// Spans admitted to each session.
+    #[arg(long, default_value_t = 1_000)]
+    spans: usize,
+    /// Spans in one admitted turn (the daemon's limit is 256).
+    #[arg(long, default_value_t = 256)]
+    turn_spans: usize,
+    /// Concurrent clients, each on its own connection.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Starts on the populated directory whose times are measured.
+    #[arg(long, default_value_t = 3)]
+    restarts: usize,
+    /// Sessions read back and compared after the last restart (all when
+    /// not given).
+    #[arg(long)]
+    verify: Option<usize>,
+    /// Sessions read back first, for the memory figure after a sample.
+    #[arg(long, default_value_t = 1_000)]
+    sample: usize,
+    /// A built `ctxbrokerd` to measure instead of the daemon this binary
+    /// serves.
+    #[arg(long, value_name = "PATH")]
+    daemon: Option<PathBuf>,
+    /// Where the data lives (a temporary directory, removed afterwards,
+    /// when not given).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Measure an already populated `--dir` instead of populating it.
+    #[arg(long)]
+    reuse: bool,
+    /// The daemon's durability while populating; every restart runs with
+    /// the default, flush.
+    #[arg(long, default_value = "flush", value_parser = ["flush", "relaxed"])]
+    populate_durability: String,
+    /// A further flag for every start of the daemon (repeatable).
+    #[arg(long = "daemon-arg", value_name = "ARG", allow_hyphen_values = true)]
+    daemon_args: Vec<String>,
+    /// Print the daemon's largest memory mappings after the read-back.
+    #[arg(long)]
+    profile: bool,
+}
+
+impl StorageArgs {
+    fn defaults() -> StorageArgs {
+        <StorageArgs as clap::Parser>::parse_from(["ctxbroker-bench storage"])
+    }
+
+    /// The options these flags ask for; `program` serves the daemon
+    /// unless `--daemon` names one.
+    fn into_options(self, program: DaemonProgram) -> StorageOptions {
         StorageOptions {
-            sessions: 10_000,
-            spans: 1_000,
-            turn_spans: 256,
-            clients: 4,
-            restarts: 3,
-            verify: usize::MAX,
-            sample: 1_000,
-            program,
-            dir: None,
-            reuse: false,
-            populate_durability: "flush".to_owned(),
-            daemon_args: Vec::new(),
-            profile: false,
+            sessions: self.sessions,
+            spans: self.spans,
+            turn_spans: self.turn_spans,
+            clients: self.clients,
+            restarts: self.restarts,
+            verify: self.verify.unwrap_or(usize::MAX),
+            sample: self.sample,
+            program: self.daemon.map_or(program, DaemonProgram::Ctxbrokerd),
+            dir: self.dir,
+            reuse: self.reuse,
+            populate_durability: self.populate_durability,
+            daemon_args: self.daemon_args,
+            profile: self.profile,
         }
     }
 }
@@ -356,32 +420,8 @@ pub async fn storage_main(args: &[String]) -> Result<(), Failure> {
     if args.first().map(String::as_str) == Some("serve") {
         return serve(args.get(1..).unwrap_or_default());
     }
-    let program = DaemonProgram::Bench(std::env::current_exe()?);
-    let mut options = StorageOptions::new(program);
-    let mut rest = args.iter();
-    while let Some(flag) = rest.next() {
-        let mut value = || {
-            rest.next()
-                .cloned()
-                .ok_or_else(|| Failure::from(format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "--sessions" => options.sessions = value()?.parse()?,
-            "--spans" => options.spans = value()?.parse()?,
-            "--turn-spans" => options.turn_spans = value()?.parse()?,
-            "--clients" => options.clients = value()?.parse()?,
-            "--restarts" => options.restarts = value()?.parse()?,
-            "--verify" => options.verify = value()?.parse()?,
-            "--sample" => options.sample = value()?.parse()?,
-            "--daemon" => options.program = DaemonProgram::Ctxbrokerd(value()?.into()),
-            "--dir" => options.dir = Some(value()?.into()),
-            "--reuse" => options.reuse = true,
-            "--populate-durability" => options.populate_durability = value()?,
-            "--daemon-arg" => options.daemon_args.push(value()?),
-            "--profile" => options.profile = true,
-            other => return Err(format!("unknown flag {other}").into()),
-        }
-    }
+    let flags: StorageArgs = crate::common::flags("storage", args);
+    let options = flags.into_options(DaemonProgram::Bench(std::env::current_exe()?));
     let report = run(&options).await?;
     print!("{}", report.render());
     Ok(())
@@ -937,7 +977,51 @@ fn disk_usage(dir: &Path) -> Result<DiskUsage, Failure> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
     use super::*;
+
+    #[test]
+    fn flags_default_to_the_full_run_and_pass_daemon_flags_through() {
+        let bench = || DaemonProgram::Bench(PathBuf::from("bench"));
+        let full = StorageOptions::new(bench());
+        assert_eq!(
+            (full.sessions, full.spans, full.turn_spans),
+            (10_000, 1_000, 256)
+        );
+        assert_eq!(
+            (full.clients, full.restarts, full.verify),
+            (4, 3, usize::MAX)
+        );
+        assert_eq!(full.populate_durability, "flush");
+        let args = StorageArgs::try_parse_from([
+            "storage",
+            "--sessions",
+            "20",
+            "--daemon-arg",
+            "--session-cache-bytes",
+            "--daemon-arg",
+            "1000",
+            "--verify",
+            "5",
+            "--daemon",
+            "/bin/ctxbrokerd",
+        ])
+        .unwrap();
+        let options = args.into_options(bench());
+        assert_eq!((options.sessions, options.verify), (20, 5));
+        assert_eq!(options.daemon_args, ["--session-cache-bytes", "1000"]);
+        assert!(matches!(options.program, DaemonProgram::Ctxbrokerd(_)));
+        let bad = StorageArgs::try_parse_from(["storage", "--populate-durability", "never"]);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("--populate-durability")
+        );
+        let help = StorageArgs::try_parse_from(["storage", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+    }
 
     #[test]
     fn texts_are_deterministic_and_sized_by_band() {

@@ -68,16 +68,36 @@ const OTHER_SCRIPTS: [&str; 4] = [
     "デプロイに失敗しました。レプリカの待機がタイムアウトしました 🚀 再試行してください ✅",
 ];
 
+/// The arguments of `tokens`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    about = "`ctxbroker-bench tokens`: the token counter against tiktoken-rs, on a fixed corpus and on adversarial input",
+    long_about = None
+)]
+struct TokensArgs {
+    /// Runs over the corpus per counter; the median is reported.
+    #[arg(default_value_t = 5)]
+    repeats: usize,
+    /// The largest adversarial input, in bytes.
+    #[arg(default_value_t = 1_000_000)]
+    max_adversarial_bytes: usize,
+    /// Seconds after which tiktoken-rs's adversarial sizes are skipped.
+    #[arg(default_value_t = 10)]
+    tiktoken_cap_seconds: u64,
+}
+
 /// `tokens [REPEATS] [MAX_ADVERSARIAL_BYTES] [TIKTOKEN_CAP_SECONDS]`.
 pub fn tokens_main(args: &[String]) -> Result<(), Failure> {
-    let repeats = crate::common::parse(args, 0, 5)?;
-    let max_bytes = crate::common::parse(args, 1, 1_000_000)?;
-    let cap = crate::common::parse(args, 2, 10)?;
-    if repeats == 0 || max_bytes == 0 {
+    let args: TokensArgs = crate::common::flags("tokens", args);
+    if args.repeats == 0 || args.max_adversarial_bytes == 0 {
         return Err("REPEATS and MAX_ADVERSARIAL_BYTES must be at least 1".into());
     }
-    let sizes = adversarial_sizes(max_bytes);
-    run(repeats, &sizes, Duration::from_secs(cap as u64))
+    let sizes = adversarial_sizes(args.max_adversarial_bytes);
+    run(
+        args.repeats,
+        &sizes,
+        Duration::from_secs(args.tiktoken_cap_seconds),
+    )
 }
 
 /// 10 KB, 100 KB, 1 MB up to `max`, and `max` itself when it is none of
@@ -392,5 +412,30 @@ fn run(repeats: usize, sizes: &[usize], cap: Duration) -> Result<(), Failure> {
         Ok(())
     } else {
         Err(format!("token counts differ: {}", mismatches.join("; ")).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn takes_its_three_positions_with_defaults() {
+        let args = TokensArgs::try_parse_from(["tokens", "7", "10000"]).unwrap();
+        assert_eq!(
+            (
+                args.repeats,
+                args.max_adversarial_bytes,
+                args.tiktoken_cap_seconds
+            ),
+            (7, 10_000, 10)
+        );
+        let help = TokensArgs::try_parse_from(["tokens", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        let bad = TokensArgs::try_parse_from(["tokens", "many"]).unwrap_err();
+        assert!(bad.to_string().contains("[REPEATS]"), "{bad}");
     }
 }

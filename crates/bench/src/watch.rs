@@ -47,7 +47,7 @@ use ctxbroker_server::config::Durability;
 
 use crate::admit::per_second;
 use crate::common::{
-    Client, Failure, Quantiles, client, create_small, next_marker, parse, percentile, tool_turn,
+    Client, Failure, Quantiles, client, create_small, next_marker, percentile, tool_turn,
 };
 use crate::daemon::{DaemonProcess, PhaseMeter, PhaseUsage};
 
@@ -101,10 +101,27 @@ pub async fn watch_main(args: &[String]) -> Result<(), Failure> {
     run(&args).await
 }
 
+/// The arguments of `stalled-watcher`.
+#[derive(Debug, Parser)]
+#[command(
+    about = "`ctxbroker-bench stalled-watcher`: admission latency with no watcher and with one that never reads, in alternating rounds",
+    long_about = None
+)]
+struct StalledArgs {
+    /// Admissions per round.
+    #[arg(default_value_t = 1_000)]
+    turns: usize,
+    /// Rounds with no watcher and with the stalled one, in turn.
+    #[arg(default_value_t = 4)]
+    rounds: usize,
+}
+
 /// `stalled-watcher [TURNS] [ROUNDS]`: the stalled phase of `watch` alone.
 pub async fn stalled_watcher_main(args: &[String]) -> Result<(), Failure> {
-    let turns = parse(args, 0, 1_000)?;
-    let rounds = parse(args, 1, 4)?;
+    let StalledArgs { turns, rounds } = crate::common::flags("stalled-watcher", args);
+    if turns == 0 || rounds == 0 {
+        return Err("TURNS and ROUNDS must be at least 1".into());
+    }
     let daemon = DaemonProcess::spawn(Durability::Flush)?;
     let mut admitter = client(daemon.addr).await?;
     create_small(&mut admitter, "stalled", WINDOW_TOKENS).await?;
@@ -648,4 +665,19 @@ pub async fn run(args: &WatchArgs) -> Result<(), Failure> {
 
 fn usage_window(usage: &PhaseUsage) -> Duration {
     Duration::from_secs_f64(usage.wall_seconds)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn the_stalled_watcher_takes_turns_and_rounds() {
+        let args = StalledArgs::try_parse_from(["stalled-watcher", "200"]).unwrap();
+        assert_eq!((args.turns, args.rounds), (200, 4));
+        let help = StalledArgs::try_parse_from(["stalled-watcher", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+    }
 }

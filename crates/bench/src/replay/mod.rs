@@ -185,23 +185,34 @@ use ctxbroker_core::tokens;
 use crate::common::Failure;
 use trace::Phrasing;
 
-/// The run's parameters.
-#[derive(Debug, Clone, PartialEq)]
+/// The run's parameters: `replay`'s flags.
+#[derive(Debug, Clone, PartialEq, clap::Parser)]
+#[command(
+    about = "`ctxbroker-bench replay`: one generated trace replayed under each compaction policy: turns lost, idle compactions, constraints lost",
+    long_about = None
+)]
 pub struct Options {
     /// Seeds the trace.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Sessions replayed.
+    /// Sessions replayed (1 to 1,000).
+    #[arg(long, default_value_t = 3)]
     pub sessions: usize,
-    /// Turns per session.
+    /// Turns per session (20 to 1,000,000).
+    #[arg(long, default_value_t = 3_000)]
     pub turns: usize,
-    /// W, in tokens.
+    /// W, the window, in tokens.
+    #[arg(long, default_value_t = 200_000)]
     pub window: u32,
     /// Where the CSV of live tokens over time goes, if anywhere.
+    #[arg(long, value_name = "PATH")]
     pub csv: Option<PathBuf>,
     /// Also print one row per policy and session.
+    #[arg(long)]
     pub per_session: bool,
     /// Also replay the unlabelled trace through ctxbroker, classes
     /// withheld.
+    #[arg(long)]
     pub unlabelled: bool,
 }
 
@@ -219,46 +230,24 @@ impl Default for Options {
     }
 }
 
-const USAGE: &str = "usage: ctxbroker-bench replay [--seed N] [--sessions N] [--turns N] [--window W] [--csv PATH] [--per-session] [--unlabelled]";
-
 impl Options {
     /// Parses the flags after `replay`.
     pub fn parse(args: &[String]) -> Result<Options, Failure> {
-        let mut o = Options::default();
-        let mut it = args.iter();
-        while let Some(flag) = it.next() {
-            if flag == "--per-session" {
-                o.per_session = true;
-                continue;
-            }
-            if flag == "--unlabelled" {
-                o.unlabelled = true;
-                continue;
-            }
-            let Some(value) = it.next() else {
-                return Err(format!("{flag} needs a value; {USAGE}").into());
-            };
-            let number = |what: &str| -> Result<u64, Failure> {
-                value
-                    .parse::<u64>()
-                    .map_err(|err| format!("{what} {value:?}: {err}; {USAGE}").into())
-            };
-            match flag.as_str() {
-                "--seed" => o.seed = number("--seed")?,
-                "--sessions" => o.sessions = usize::try_from(number("--sessions")?)?,
-                "--turns" => o.turns = usize::try_from(number("--turns")?)?,
-                "--window" => o.window = u32::try_from(number("--window")?)?,
-                "--csv" => o.csv = Some(PathBuf::from(value)),
-                _ => return Err(format!("unknown flag {flag}; {USAGE}").into()),
-            }
+        let argv = std::iter::once("ctxbroker-bench replay".to_owned()).chain(args.iter().cloned());
+        let options = <Options as clap::Parser>::try_parse_from(argv)?;
+        options.check()?;
+        Ok(options)
+    }
+
+    /// Refuses sizes outside what the replay supports.
+    fn check(&self) -> Result<(), Failure> {
+        if self.sessions == 0 || self.sessions > 1_000 {
+            return Err(format!("--sessions must be in 1..=1000; got {}", self.sessions).into());
         }
-        if o.sessions == 0 || o.sessions > 1_000 {
-            return Err(format!("--sessions must be in 1..=1000; got {}", o.sessions).into());
+        if self.turns < 20 || self.turns > 1_000_000 {
+            return Err(format!("--turns must be in 20..=1000000; got {}", self.turns).into());
         }
-        if o.turns < 20 || o.turns > 1_000_000 {
-            return Err(format!("--turns must be in 20..=1000000; got {}", o.turns).into());
-        }
-        Ok(o)
+        Ok(())
     }
 }
 
@@ -819,7 +808,8 @@ fn timed<T>(session: usize, what: &str, work: impl FnOnce() -> T) -> T {
 
 /// `replay [flags]`: prints the table; writes the CSV when asked.
 pub fn replay_main(args: &[String]) -> Result<(), Failure> {
-    let options = Options::parse(args)?;
+    let options: Options = crate::common::flags("replay", args);
+    options.check()?;
     let started = Instant::now();
     let report = run(&options)?;
     print!("{}", render(&report));
@@ -862,6 +852,7 @@ mod tests {
         assert!(Options::parse(&args("--turns 3")).is_err());
         assert!(Options::parse(&args("--bogus 1")).is_err());
         assert!(Options::parse(&args("--sessions 0")).is_err());
+        assert_eq!(Options::parse(&[]).unwrap(), Options::default());
     }
 
     #[test]
