@@ -86,6 +86,7 @@ pub fn plan_main(args: &[String]) -> Result<(), Failure> {
 #[derive(Debug, Clone, PartialEq)]
 struct SizeList(Vec<usize>);
 
+/// `SIZES` read: each comma-separated part a number of spans.
 fn size_list(text: &str) -> Result<SizeList, String> {
     text.split(',')
         .map(|size| {
