@@ -39,8 +39,17 @@ fn git_commit(root: &Path) -> String {
     };
     match run(&["rev-parse", "HEAD"]) {
         Some(commit) if !commit.is_empty() => {
-            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|status| !status.is_empty());
+            // Without optional locks, git leaves the index as it is: a
+            // refreshed index would make the next build run this script
+            // again and rebuild the binary, which for a release build
+            // means the whole link-time optimisation again.
+            let dirty = run(&[
+                "--no-optional-locks",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+            ])
+            .is_some_and(|status| !status.is_empty());
             if dirty {
                 format!("{commit}-dirty")
             } else {
