@@ -573,6 +573,18 @@ mod tests {
         assert!(usage.peak_rss_bytes > 1 << 20, "{usage:?}");
     }
 
+    /// Keeps this thread busy until `done`; the work's result, for the
+    /// caller to use so that it is not optimised away.
+    fn spin_until(done: impl Fn() -> bool) -> u64 {
+        let mut x = 0u64;
+        while !done() {
+            for _ in 0..10_000 {
+                x = x.wrapping_mul(31).wrapping_add(7);
+            }
+        }
+        x
+    }
+
     #[test]
     fn a_named_threads_cpu_lands_in_its_group() {
         let pid = std::process::id();
@@ -586,7 +598,6 @@ mod tests {
             .spawn(move || {
                 // Spin until the kernel has counted 5 ticks of this thread,
                 // however busy the machine, then stay alive until read.
-                let mut x = 0u64;
                 let own = || {
                     std::fs::read_to_string("/proc/thread-self/stat")
                         .ok()
@@ -594,11 +605,7 @@ mod tests {
                         .unwrap_or(0)
                 };
                 let start = own();
-                while own() < start + 5 {
-                    for _ in 0..100_000 {
-                        x = x.wrapping_mul(31).wrapping_add(7);
-                    }
-                }
+                let x = spin_until(|| own() >= start + 5);
                 spun_tx.send(()).unwrap();
                 read_rx.recv().unwrap();
                 x
@@ -621,11 +628,7 @@ mod tests {
     fn the_groups_add_up_to_the_process() {
         let pid = std::process::id();
         let busy = Instant::now();
-        let mut x = 0u64;
-        while busy.elapsed() < Duration::from_millis(50) {
-            x = x.wrapping_mul(31).wrapping_add(7);
-        }
-        assert!(x != 1);
+        assert!(spin_until(|| busy.elapsed() >= Duration::from_millis(50)) != 1);
         let total = Usage::of(pid).unwrap().cpu_seconds;
         let threads = ThreadCpu::of(pid, total).unwrap();
         let sum: f64 = threads.seconds.iter().sum();

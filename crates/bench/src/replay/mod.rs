@@ -217,16 +217,9 @@ pub struct Options {
 }
 
 impl Default for Options {
+    /// The flags' defaults.
     fn default() -> Self {
-        Options {
-            seed: 1,
-            sessions: 3,
-            turns: 3_000,
-            window: 200_000,
-            csv: None,
-            per_session: false,
-            unlabelled: false,
-        }
+        <Options as clap::Parser>::parse_from(["ctxbroker-bench replay"])
     }
 }
 

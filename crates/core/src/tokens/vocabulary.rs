@@ -5,10 +5,9 @@
 //! read in place: the tokens' bytes by rank, and a hash index over them
 //! built on first use with the core's fast hasher (8 MiB: each slot holds
 //! a token's first 12 bytes, so that most look-ups read nothing else).
-//! The whole vocabulary then
-//! costs about 10 MiB of memory, where bpe-openai's encoder holds about
-//! 35 MB of search automata, and touches about as much of the binary
-//! again while it loads them.
+//! The whole vocabulary then costs about 10 MiB of memory, where
+//! bpe-openai's encoder holds about 35 MB of search automata, and touches
+//! about as much of the binary again while it loads them.
 //!
 //! A piece is counted as tiktoken encodes it: starting from its bytes, the
 //! adjacent pair whose joined bytes have the lowest rank is merged, the
