@@ -56,7 +56,7 @@ pub struct Pin {
 /// writer takes it, so that a write planned on a stale view is refused
 /// instead of overwriting a newer one.
 #[derive(Debug, Clone, PartialEq)]
-#[allow(clippy::large_enum_variant)] // moved once into the queue; a box per write buys nothing.
+#[allow(clippy::large_enum_variant)] // `Store::write_seeded` boxes the whole write once.
 pub enum WriteOp {
     /// Create a session; refused with `SessionExists` if the id is taken.
     CreateSession {

@@ -112,6 +112,10 @@ fn open_engine(dir: &Path, options: &StoreOptions) -> Result<sled::Db, StoreErro
     }
 }
 
+/// What [`Store::write_seeded`] returns: the acknowledgement, and the
+/// seeds of the facts of the new spans it stored, by span id.
+type Seeded = Result<(WriteAck, Vec<(SpanId, Vec<u8>)>), StoreError>;
+
 impl Store {
     /// Opens (or creates) the store in `dir` and starts its writer.
     ///
@@ -221,37 +225,46 @@ impl Store {
     /// task, so that the one writer thread only checks and applies them; a
     /// change with more than [`ENCODE_INLINE_BYTES`] of new text is encoded
     /// on the blocking pool, off the async workers.
-    pub async fn write(&self, op: WriteOp) -> Result<WriteAck, StoreError> {
-        self.write_seeded(op).await.map(|(ack, _)| ack)
+    ///
+    /// The write is boxed before the returned future is made, so that this
+    /// future and every future awaiting it hold a pointer to it: the
+    /// futures of a request are moved whole, and a write is about a
+    /// kilobyte.
+    pub fn write(
+        &self,
+        op: WriteOp,
+    ) -> impl Future<Output = Result<WriteAck, StoreError>> + Send + '_ {
+        let seeded = self.write_seeded(op);
+        async move { seeded.await.map(|(ack, _)| ack) }
     }
 
     /// [`Store::write`], returning with the acknowledgement the seeds of
     /// the facts of the new spans it stored (a change's summary and
     /// appended spans), by span id: what `Session::apply_seeded` reads
     /// their facts from (see `ctxbroker_core::facts::seed`).
-    pub async fn write_seeded(
-        &self,
-        op: WriteOp,
-    ) -> Result<(WriteAck, Vec<(SpanId, Vec<u8>)>), StoreError> {
-        let small = Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES;
-        let (op, mut encoded) = if small {
-            let encoded = Encoded::of(&op);
-            (op, encoded)
-        } else {
-            tokio::task::spawn_blocking(move || {
+    pub fn write_seeded(&self, op: WriteOp) -> impl Future<Output = Seeded> + Send + '_ {
+        let op = Box::new(op);
+        async move {
+            let small = Encoded::text_bytes(&op) <= ENCODE_INLINE_BYTES;
+            let (op, mut encoded) = if small {
                 let encoded = Encoded::of(&op);
                 (op, encoded)
-            })
-            .await
-            .map_err(|err| match err.is_cancelled() {
-                // The runtime is shutting down.
-                true => StoreError::Closed,
-                false => StoreError::Engine(format!("encoding the write's rows failed: {err}")),
-            })?
-        };
-        let seeds = encoded.take_seeds();
-        let ack = self.send(Op::Write(op), encoded, small).await?;
-        Ok((ack, seeds))
+            } else {
+                tokio::task::spawn_blocking(move || {
+                    let encoded = Encoded::of(&op);
+                    (op, encoded)
+                })
+                .await
+                .map_err(|err| match err.is_cancelled() {
+                    // The runtime is shutting down.
+                    true => StoreError::Closed,
+                    false => StoreError::Engine(format!("encoding the write's rows failed: {err}")),
+                })?
+            };
+            let seeds = encoded.take_seeds();
+            let ack = self.send(Op::Write(op), encoded, small).await?;
+            Ok((ack, seeds))
+        }
     }
 
     /// Queues anything the writer applies; see [`Store::write`].

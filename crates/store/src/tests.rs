@@ -1418,7 +1418,10 @@ async fn rows_encoded_before_the_writer_equal_the_writers_own() {
         for op in turns() {
             match through_write {
                 true => store.write(op).await.unwrap(),
-                false => store.submit(crate::writer::Op::Write(op)).await.unwrap(),
+                false => store
+                    .submit(crate::writer::Op::Write(Box::new(op)))
+                    .await
+                    .unwrap(),
             };
         }
         rows.push(admission_rows(&store));

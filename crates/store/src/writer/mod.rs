@@ -209,17 +209,17 @@ pub(crate) struct Request {
 /// What the writer applies: a public write, or an import of a whole
 /// session (`transfer.rs`), which only the store itself builds.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)] // as for `WriteOp`: moved once into the queue.
 pub(crate) enum Op {
-    /// A [`WriteOp`].
-    Write(WriteOp),
+    /// A [`WriteOp`], boxed by [`Store::write_seeded`](crate::Store::write_seeded):
+    /// the request's futures and the queue's slots hold a pointer, not
+    /// the write.
+    Write(Box<WriteOp>),
     /// A checked snapshot to write as a new session.
     Import(Box<crate::transfer::SessionImport>),
 }
 
 /// What goes through the writer's queue.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)] // `Wake` is rare; writes are not worth a box each.
 pub(crate) enum Msg {
     /// A write.
     Write(Request),
@@ -571,8 +571,11 @@ type Writes = BTreeMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 /// idempotency keys, and the session's record), or `None` for any other
 /// write.
 fn append_only_session(op: &Op) -> Option<&str> {
-    match op {
-        Op::Write(WriteOp::Change { change, .. })
+    let Op::Write(op) = op else {
+        return None;
+    };
+    match &**op {
+        WriteOp::Change { change, .. }
             if change.marker.is_none()
                 && change.evict.is_empty()
                 && change.summary.is_none()

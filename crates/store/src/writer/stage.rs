@@ -479,7 +479,7 @@ pub(super) fn apply(
     effects: &mut Effects,
 ) -> Result<WriteAck, StoreError> {
     let op = match op {
-        Op::Write(op) => op,
+        Op::Write(op) => *op,
         Op::Import(import) => return crate::transfer::stage_import(stage, *import, effects),
     };
     match op {
