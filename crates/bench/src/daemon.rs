@@ -150,20 +150,43 @@ impl DaemonProcess {
         DaemonProcess::spawn_program_with(&exe, durability, extra)
     }
 
+    /// [`DaemonProcess::spawn_program`] under `wrapper`, a command line
+    /// the daemon runs under (`valgrind --tool=callgrind ...`) in place of
+    /// `CTXBROKER_BENCH_DAEMON_WRAPPER`'s.
+    pub fn spawn_wrapped(
+        wrapper: &[String],
+        program: &Path,
+        durability: Durability,
+    ) -> Result<DaemonProcess, Failure> {
+        DaemonProcess::spawn_under(wrapper, program, durability, &[])
+    }
+
     fn spawn_program_with(
         program: &Path,
         durability: Durability,
         extra: &[String],
     ) -> Result<DaemonProcess, Failure> {
-        let dir = tempfile::tempdir()?;
         // A profiler may wrap the daemon: CTXBROKER_BENCH_DAEMON_WRAPPER="valgrind
         // --tool=callgrind" runs `valgrind --tool=callgrind PROGRAM daemon ...`.
-        let wrapper = std::env::var("CTXBROKER_BENCH_DAEMON_WRAPPER").unwrap_or_default();
-        let mut words = wrapper.split_whitespace();
-        let mut command = match words.next() {
-            Some(first) => {
+        let wrapper: Vec<String> = std::env::var("CTXBROKER_BENCH_DAEMON_WRAPPER")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        DaemonProcess::spawn_under(&wrapper, program, durability, extra)
+    }
+
+    fn spawn_under(
+        wrapper: &[String],
+        program: &Path,
+        durability: Durability,
+        extra: &[String],
+    ) -> Result<DaemonProcess, Failure> {
+        let dir = tempfile::tempdir()?;
+        let mut command = match wrapper.split_first() {
+            Some((first, rest)) => {
                 let mut command = Command::new(first);
-                command.args(words).arg(program);
+                command.args(rest).arg(program);
                 command
             }
             None => Command::new(program),

@@ -141,7 +141,7 @@ fn row(
 
 /// Creates `session` and admits turns of short tool outputs until it holds
 /// `size` live spans.
-async fn grow(client: &mut Client, session: &str, size: usize) -> Result<(), Failure> {
+pub(super) async fn grow(client: &mut Client, session: &str, size: usize) -> Result<(), Failure> {
     client
         .create_session(pb::CreateSessionRequest {
             session_id: session.to_owned(),
@@ -187,7 +187,7 @@ async fn admit(client: &mut Client, session: &str, turn: &Turn) -> Result<bool, 
 
 /// Admits one short user message with `key` as its idempotency key, if
 /// any; true when the admission compacted.
-async fn admit_keyed(
+pub(super) async fn admit_keyed(
     client: &mut Client,
     session: &str,
     turn: &Turn,

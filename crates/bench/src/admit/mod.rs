@@ -44,6 +44,7 @@
 //! session.
 
 mod flat;
+mod instructions;
 mod load;
 mod redis;
 pub mod split;
@@ -156,6 +157,21 @@ pub struct AdmitArgs {
     /// this many before the next size's turn.
     #[arg(long, default_value_t = 10)]
     pub split_chunk: usize,
+    /// Run only the count of the daemon's instructions per request, at
+    /// the flat rows' sizes (`--flat-sizes`), each daemon under valgrind's
+    /// callgrind (valgrind must be installed): no loaded rows, no Redis,
+    /// no split.
+    #[arg(long, conflicts_with = "split_only")]
+    pub instructions: bool,
+    /// Requests each phase of that count sends (no-ops, admissions, keyed
+    /// admissions); the daemon runs about fifty times slower under
+    /// callgrind.
+    #[arg(long, default_value_t = 500)]
+    pub instructions_requests: usize,
+    /// Count the daemon of this `ctxbroker-bench` binary instead of this
+    /// one's (another build, to compare with).
+    #[arg(long, value_name = "PATH", requires = "instructions")]
+    pub instructions_daemon: Option<PathBuf>,
 }
 
 /// A daemon configuration of the run.
@@ -371,6 +387,9 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
         constraint_every: args.constraint_every,
         ..Mix::default()
     }));
+    if args.instructions {
+        return instructions::run(args, &workload).await;
+    }
     let (tools, median, p99, largest) = workload.tool_sizes();
     println!(
         "workload: {} sessions, {} clients, {} HTTP/2 connections, window {} tokens; a turn is {:.0} tokens ({:.0} bytes) on average; \
