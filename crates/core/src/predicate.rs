@@ -34,7 +34,7 @@
 use std::collections::HashSet;
 
 use crate::classify::{CodeCursor, analyse, code_ranges, is_word_char, modality_name};
-use crate::fasthash::{self, FastMap};
+use crate::fasthash::{self, FastMap, FastSet};
 use crate::span::{Modality, Predicate, PredicateSource};
 use crate::text::{chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
 use crate::tokens::TokenCounter;
@@ -48,121 +48,128 @@ pub const MAX_KEY_WORDS: usize = 6;
 /// Quoted strings longer than this are not taken as terms.
 const MAX_QUOTED_CHARS: usize = 200;
 
-/// Logic words that must survive any compression.
-const LOGIC_WORDS: &[&str] = &[
-    "without", "except", "unless", "until", "before", "after", "no", "not", "nor",
-];
+/// Logic words that must survive any compression: without, except,
+/// unless, until, before, after, no, not, nor.
+fn is_logic_word(w: &str) -> bool {
+    matches!(
+        w,
+        "without" | "except" | "unless" | "until" | "before" | "after" | "no" | "not" | "nor"
+    )
+}
 
 /// Function words: never key words.
-const FUNCTION_WORDS: &[&str] = &[
-    "the",
-    "and",
-    "but",
-    "for",
-    "from",
-    "with",
-    "into",
-    "onto",
-    "upon",
-    "over",
-    "under",
-    "are",
-    "was",
-    "were",
-    "been",
-    "being",
-    "its",
-    "this",
-    "that",
-    "these",
-    "those",
-    "there",
-    "here",
-    "our",
-    "you",
-    "your",
-    "yours",
-    "his",
-    "her",
-    "they",
-    "them",
-    "their",
-    "what",
-    "which",
-    "who",
-    "whom",
-    "when",
-    "where",
-    "why",
-    "how",
-    "all",
-    "any",
-    "each",
-    "every",
-    "some",
-    "such",
-    "than",
-    "too",
-    "very",
-    "can",
-    "could",
-    "will",
-    "would",
-    "should",
-    "may",
-    "might",
-    "does",
-    "did",
-    "done",
-    "have",
-    "has",
-    "had",
-    "please",
-    "just",
-    "also",
-    "use",
-    "using",
-    "used",
-    "make",
-    "let",
-    "get",
-    "one",
-    "thing",
-    "things",
-    "way",
-    "then",
-    "else",
-    "even",
-    "ever",
-    "about",
-    "again",
-    "via",
-    "per",
-    "like",
-    "want",
-    "need",
-    "sure",
-    "okay",
-    "yes",
-    "now",
-    "anything",
-    "something",
-    "everything",
-    "nothing",
-    "anyone",
-    "someone",
-    "it's",
-    "i'm",
-    "we're",
-    "you're",
-    "that's",
-    "there's",
-    "let's",
-    "able",
-    "keep",
-    "going",
-    "kindly",
-];
+fn is_function_word(w: &str) -> bool {
+    matches!(
+        w,
+        "the"
+            | "and"
+            | "but"
+            | "for"
+            | "from"
+            | "with"
+            | "into"
+            | "onto"
+            | "upon"
+            | "over"
+            | "under"
+            | "are"
+            | "was"
+            | "were"
+            | "been"
+            | "being"
+            | "its"
+            | "this"
+            | "that"
+            | "these"
+            | "those"
+            | "there"
+            | "here"
+            | "our"
+            | "you"
+            | "your"
+            | "yours"
+            | "his"
+            | "her"
+            | "they"
+            | "them"
+            | "their"
+            | "what"
+            | "which"
+            | "who"
+            | "whom"
+            | "when"
+            | "where"
+            | "why"
+            | "how"
+            | "all"
+            | "any"
+            | "each"
+            | "every"
+            | "some"
+            | "such"
+            | "than"
+            | "too"
+            | "very"
+            | "can"
+            | "could"
+            | "will"
+            | "would"
+            | "should"
+            | "may"
+            | "might"
+            | "does"
+            | "did"
+            | "done"
+            | "have"
+            | "has"
+            | "had"
+            | "please"
+            | "just"
+            | "also"
+            | "use"
+            | "using"
+            | "used"
+            | "make"
+            | "let"
+            | "get"
+            | "one"
+            | "thing"
+            | "things"
+            | "way"
+            | "then"
+            | "else"
+            | "even"
+            | "ever"
+            | "about"
+            | "again"
+            | "via"
+            | "per"
+            | "like"
+            | "want"
+            | "need"
+            | "sure"
+            | "okay"
+            | "yes"
+            | "now"
+            | "anything"
+            | "something"
+            | "everything"
+            | "nothing"
+            | "anyone"
+            | "someone"
+            | "it's"
+            | "i'm"
+            | "we're"
+            | "you're"
+            | "that's"
+            | "there's"
+            | "let's"
+            | "able"
+            | "keep"
+            | "going"
+            | "kindly"
+    )
+}
 
 /// Words the built-in compressor drops when nothing requires them.
 const FILLER: &[&str] = &[
@@ -269,10 +276,8 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
     // demands.
     let words = &analysis.words;
     let framing = mark_phrases(
-        &words
-            .iter()
-            .map(|w| Some(w.text.clone()))
-            .collect::<Vec<_>>(),
+        words.len(),
+        |i| words.get(i).map(|w| w.text.as_str()),
         |_, _| true,
     );
     let mut in_hit = vec![false; words.len()];
@@ -294,7 +299,7 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
     for (i, w) in words.iter().enumerate() {
         let ranges = clause_hits.get(&w.clause);
         let in_modal = ranges.is_some();
-        if in_modal && LOGIC_WORDS.contains(&w.text.as_str()) && !in_hit[i] {
+        if in_modal && is_logic_word(&w.text) && !in_hit[i] {
             terms.push(&w.text);
             continue;
         }
@@ -312,13 +317,15 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
         keys.push((distance, i));
     }
     keys.sort_unstable();
+    // At most a few are chosen: a word already chosen is found among
+    // them.
     let mut chosen: Vec<usize> = Vec::new();
-    let mut taken: HashSet<&str> = HashSet::new();
     for &(_, i) in &keys {
         if chosen.len() >= MAX_KEY_WORDS {
             break;
         }
-        if !terms.covers(&words[i].text) && taken.insert(words[i].text.as_str()) {
+        let text = words[i].text.as_str();
+        if !terms.covers(text) && !chosen.iter().any(|&c| words[c].text == text) {
             chosen.push(i);
         }
     }
@@ -337,10 +344,13 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
 #[derive(Default)]
 struct Terms {
     list: Vec<String>,
-    seen: HashSet<String>,
+    /// The terms so far, lower-cased.
+    seen: FastSet<String>,
     /// The lower-cased words of every term so far.
-    words: HashSet<String>,
+    words: FastSet<String>,
     structured: usize,
+    /// Where a term or word is lower-cased when it has capitals.
+    buf: String,
 }
 
 impl Terms {
@@ -351,12 +361,12 @@ impl Terms {
 
     fn push(&mut self, term: &str) -> bool {
         let term = term.trim();
-        if term.is_empty() || !self.seen.insert(term.to_lowercase()) {
+        if term.is_empty() || !insert_lowered(&mut self.seen, term, &mut self.buf) {
             return false;
         }
         for w in term.split(|c: char| !is_word_char(c) && c != '\'') {
             if !w.is_empty() {
-                self.words.insert(w.to_lowercase());
+                insert_lowered(&mut self.words, w, &mut self.buf);
             }
         }
         self.list.push(term.to_string());
@@ -368,6 +378,27 @@ impl Terms {
             self.structured += 1;
         }
     }
+}
+
+/// Adds `s`, lower-cased, to `set`, copied only when it is new; whether it
+/// was. `buf` holds the lower-cased form when `s` has capitals.
+fn insert_lowered(set: &mut FastSet<String>, s: &str, buf: &mut String) -> bool {
+    let lower = if !s.is_ascii() {
+        *buf = s.to_lowercase();
+        buf.as_str()
+    } else if s.bytes().any(|b| b.is_ascii_uppercase()) {
+        buf.clear();
+        buf.push_str(s);
+        buf.make_ascii_lowercase();
+        buf.as_str()
+    } else {
+        s
+    };
+    if set.contains(lower) {
+        return false;
+    }
+    set.insert(lower.to_owned());
+    true
 }
 
 /// The distance in words from `i` to the nearest of sorted, disjoint word
@@ -388,8 +419,8 @@ fn nearest(ranges: &[(usize, usize)], i: usize) -> usize {
 
 fn is_content_word(w: &str) -> bool {
     (w.chars().count() >= 3 || w.chars().any(|c| c.is_ascii_digit()))
-        && !FUNCTION_WORDS.contains(&w)
-        && !LOGIC_WORDS.contains(&w)
+        && !is_function_word(w)
+        && !is_logic_word(w)
 }
 
 /// Double-quoted strings outside code, on one line, not too long.
@@ -397,7 +428,15 @@ fn quoted_strings<'a>(text: &'a str, code: &[(usize, usize)]) -> Vec<&'a str> {
     let mut out = Vec::new();
     let mut open: Option<(usize, char)> = None;
     let mut in_code = CodeCursor::new(code);
-    for (i, c) in text.char_indices() {
+    // Only line breaks and quotes matter: the straight quote is ASCII, the
+    // curly ones start with byte 0xE2, which starts a character.
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if !matches!(b, b'\n' | b'"' | 0xe2) {
+            continue;
+        }
+        let Some(c) = text.get(i..).and_then(|rest| rest.chars().next()) else {
+            continue;
+        };
         if in_code.contains(i) {
             continue;
         }
@@ -656,22 +695,37 @@ fn filler_phrases(
             (!word.is_empty() && word.chars().all(is_word_char)).then(|| word.to_lowercase())
         })
         .collect();
-    mark_phrases(&words, |i, word| !pinned[i] && !protected.contains(word))
+    mark_phrases(
+        words.len(),
+        |i| words.get(i).and_then(Option::as_deref),
+        |i, word| !pinned[i] && !protected.contains(word),
+    )
 }
 
-/// Marks the words that stand in a [`FILLER_PHRASES`] occurrence, left to
-/// right, each word in at most one; `usable(i, word)` may veto a word.
-fn mark_phrases(words: &[Option<String>], usable: impl Fn(usize, &str) -> bool) -> Vec<bool> {
-    let mut out = vec![false; words.len()];
+/// Marks the `len` words (`word(i)` for each index `i`; `None` for a
+/// piece that is no word) that stand in a [`FILLER_PHRASES`] occurrence,
+/// left to right, each word in at most one; `usable(i, word)` may veto a
+/// word.
+fn mark_phrases<'a>(
+    len: usize,
+    word: impl Fn(usize) -> Option<&'a str>,
+    usable: impl Fn(usize, &str) -> bool,
+) -> Vec<bool> {
+    let mut out = vec![false; len];
     let mut i = 0;
-    while i < words.len() {
-        let found = FILLER_PHRASES.iter().find(|phrase| {
-            i + phrase.len() <= words.len()
-                && phrase
-                    .iter()
-                    .enumerate()
-                    .all(|(k, want)| words[i + k].as_deref() == Some(*want) && usable(i + k, want))
-        });
+    while i < len {
+        // Most words open no phrase: the phrases are tried only at those
+        // that do.
+        let found = match word(i) {
+            Some(first) if opens_filler_phrase(first) => FILLER_PHRASES.iter().find(|phrase| {
+                i + phrase.len() <= len
+                    && phrase
+                        .iter()
+                        .enumerate()
+                        .all(|(k, want)| word(i + k) == Some(*want) && usable(i + k, want))
+            }),
+            _ => None,
+        };
         match found {
             Some(phrase) => {
                 out[i..i + phrase.len()].iter_mut().for_each(|d| *d = true);
@@ -681,6 +735,28 @@ fn mark_phrases(words: &[Option<String>], usable: impl Fn(usize, &str) -> bool) 
         }
     }
     out
+}
+
+/// Whether `word` is the first word of some [`FILLER_PHRASES`] entry.
+fn opens_filler_phrase(word: &str) -> bool {
+    matches!(
+        word,
+        "remember"
+            | "keep"
+            | "bear"
+            | "note"
+            | "as"
+            | "for"
+            | "whatever"
+            | "under"
+            | "no"
+            | "at"
+            | "of"
+            | "to"
+            | "earlier"
+            | "going"
+            | "it"
+    )
 }
 
 /// White-space separated pieces of a text, where code spans (which may hold
@@ -726,6 +802,13 @@ pub fn describe(predicate: &Predicate) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_filler_phrase_opens_with_a_word_that_opens_one() {
+        for phrase in FILLER_PHRASES {
+            assert!(opens_filler_phrase(phrase[0]), "{phrase:?}");
+        }
+    }
     use crate::config::TokenizerKind;
     use crate::tokens::{ByteLength, counter};
 
