@@ -334,15 +334,46 @@ fn lower_into(word: &str, ascii: bool, buf: &mut String) {
     }
 }
 
+/// A word lower-cased: the word itself when it has nothing to lower-case
+/// (an ASCII word without capitals, the most common), else its lower-cased
+/// form written into `buf`.
+fn lowered<'a>(word: &'a str, ascii: bool, buf: &'a mut String) -> &'a str {
+    if ascii && !word.bytes().any(|b| b.is_ascii_uppercase()) {
+        return word;
+    }
+    lower_into(word, ascii, buf);
+    buf
+}
+
+/// Calls `f` with each word of `text` (a word, its start and end) and
+/// whether it is all ASCII: [`for_each_word`], read a block at a time when
+/// the text is ASCII.
+fn for_each_word_of(text: &str, mut f: impl FnMut(&str, usize, usize, bool)) {
+    if text.is_ascii() {
+        for_each_ascii_word(text.as_bytes(), |w, start| {
+            let end = start + w.len();
+            if let Some(word) = text.get(start..end) {
+                f(word, start, end, true);
+            }
+        });
+    } else {
+        for_each_word(text, |start, end, ascii| {
+            if let Some(word) = text.get(start..end) {
+                f(word, start, end, ascii);
+            }
+        });
+    }
+}
+
 /// Calls `f` with each word of `text` that search indexes, lower-cased,
 /// and the byte range it came from: the words the similarity counts, and
 /// single digits besides, so that `web-1` and `web-2` differ.
 pub(crate) fn for_each_term(text: &str, mut f: impl FnMut(&str, usize, usize)) {
     let mut buf = String::new();
-    for_each_word(text, |start, end, ascii| {
-        lower_into(&text[start..end], ascii, &mut buf);
-        if counts(&buf) || (buf.len() == 1 && buf.as_bytes()[0].is_ascii_digit()) {
-            f(&buf, start, end);
+    for_each_word_of(text, |word, start, end, ascii| {
+        let word = lowered(word, ascii, &mut buf);
+        if counts(word) || (word.len() == 1 && word.as_bytes()[0].is_ascii_digit()) {
+            f(word, start, end);
         }
     });
 }
@@ -551,31 +582,17 @@ pub(crate) fn for_each_counted_word(text: &str, mut f: impl FnMut(&str)) -> u32 
 pub(crate) fn for_each_counted_word_at(text: &str, mut f: impl FnMut(&str, usize, usize)) -> u32 {
     let mut len = 0u32;
     let mut buf = String::new();
-    if text.is_ascii() {
-        for_each_ascii_word(text.as_bytes(), |w, start| {
-            len = len.saturating_add(1);
-            // Lower-casing ASCII keeps the length: shorter words never
-            // count.
-            if w.len() >= 2
-                && let Ok(w) = std::str::from_utf8(w)
-            {
-                buf.clear();
-                buf.push_str(w);
-                buf.make_ascii_lowercase();
-                if counts(&buf) {
-                    f(&buf, start, start + w.len());
-                }
-            }
-        });
-    } else {
-        for_each_word(text, |start, end, ascii| {
-            len = len.saturating_add(1);
-            lower_into(&text[start..end], ascii, &mut buf);
-            if counts(&buf) {
-                f(&buf, start, end);
-            }
-        });
-    }
+    for_each_word_of(text, |word, start, end, ascii| {
+        len = len.saturating_add(1);
+        // Lower-casing ASCII keeps the length: shorter words never count.
+        if ascii && word.len() < 2 {
+            return;
+        }
+        let word = lowered(word, ascii, &mut buf);
+        if counts(word) {
+            f(word, start, end);
+        }
+    });
     len
 }
 

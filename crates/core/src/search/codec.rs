@@ -22,7 +22,7 @@ pub fn encode(vector: &TermVector) -> Vec<u8> {
     out.push(k);
     let mut bits = BitWriter {
         out,
-        byte: 0,
+        pending: 0,
         used: 0,
     };
     let mut next = 0u32;
@@ -30,28 +30,14 @@ pub fn encode(vector: &TermVector) -> Vec<u8> {
         let key = e >> 8;
         let gap = key.saturating_sub(next);
         next = key + 1;
-        for _ in 0..(gap >> k) {
-            bits.push(true);
-        }
-        bits.push(false);
-        bits.push_low(gap, k);
+        bits.push_ones(gap >> k);
+        // A zero, then the gap's `k` low bits.
+        bits.push_low(gap & ((1 << k) - 1), u32::from(k) + 1);
         match e & 0xff {
-            0 | 1 => bits.push(false),
-            2 => {
-                bits.push(true);
-                bits.push(false);
-            }
-            3 => {
-                bits.push(true);
-                bits.push(true);
-                bits.push(false);
-            }
-            f => {
-                bits.push(true);
-                bits.push(true);
-                bits.push(true);
-                bits.push_low(f, 8);
-            }
+            0 | 1 => bits.push_low(0b0, 1),
+            2 => bits.push_low(0b10, 2),
+            3 => bits.push_low(0b110, 3),
+            f => bits.push_low(0b111 << 8 | f, 11),
         }
     }
     bits.finish()
@@ -147,33 +133,40 @@ fn rice_parameter(n: usize) -> u8 {
     (usize::BITS - 1).saturating_sub(mean_gap.max(1).leading_zeros()) as u8
 }
 
+/// Writes bits most significant first, a whole byte at a time.
 struct BitWriter {
     out: Vec<u8>,
-    byte: u8,
+    /// The bits not written yet, in the `used` low bits.
+    pending: u64,
+    /// Fewer than 8 between calls.
     used: u32,
 }
 
 impl BitWriter {
-    fn push(&mut self, bit: bool) {
-        self.byte = (self.byte << 1) | u8::from(bit);
-        self.used += 1;
-        if self.used == 8 {
-            self.out.push(self.byte);
-            self.byte = 0;
-            self.used = 0;
+    /// The `count` (at most 32) low bits of `v`, most significant first.
+    fn push_low(&mut self, v: u32, count: u32) {
+        let mask = (1u64 << count) - 1;
+        self.pending = (self.pending << count) | (u64::from(v) & mask);
+        self.used += count;
+        while self.used >= 8 {
+            self.used -= 8;
+            self.out.push((self.pending >> self.used) as u8);
         }
+        self.pending &= (1u64 << self.used) - 1;
     }
 
-    /// The `count` low bits of `v`, most significant first.
-    fn push_low(&mut self, v: u32, count: u8) {
-        for i in (0..count).rev() {
-            self.push((v >> i) & 1 == 1);
+    /// `count` one bits.
+    fn push_ones(&mut self, mut count: u32) {
+        while count > 0 {
+            let n = count.min(32);
+            self.push_low(u32::MAX, n);
+            count -= n;
         }
     }
 
     fn finish(mut self) -> Vec<u8> {
         if self.used > 0 {
-            self.out.push(self.byte << (8 - self.used));
+            self.out.push((self.pending << (8 - self.used)) as u8);
         }
         self.out
     }
