@@ -320,7 +320,8 @@ struct Cut {
 /// (role, length, acknowledgement, output-likeness) are set on every
 /// segment, so that each segment's score stands on its own.
 pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
-    let cuts = cut(text);
+    let code = code_ranges(text);
+    let cuts = cut(text, &code);
     // Each line is found and judged once, however many sentences it
     // holds: cuts come in order, so one pass over the text finds them all.
     let mut lines = Lines::new(text);
@@ -339,7 +340,7 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
         .collect();
     let pasted = output_lines.iter().any(|o| *o);
     let total_words: usize = cuts.iter().map(|c| c.words.len()).sum();
-    let output_like = output_like(text);
+    let output_like = output_like(text, &code);
     let ack = total_words <= 8
         && total_words > 0
         && cuts
@@ -423,19 +424,22 @@ fn is_apostrophe(c: char) -> bool {
 
 /// Lines, then sentences (`.`, `!`, `?` before white space or the end, and
 /// `;`); code runs become one placeholder word.
-fn cut(text: &str) -> Vec<Cut> {
-    let code = code_ranges(text);
+fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
     let mut code_at = code.iter().peekable();
     let mut cuts = Vec::new();
     let mut current = Cut::default();
-    let mut word: Option<String> = None;
+    // The word being read, lower-cased; empty between words.
+    let mut word = String::new();
     // Inside double quotes: a quotation of several sentences is quoted
     // throughout.
     let mut in_quote = false;
     let mut chars = text.char_indices().peekable();
-    let finish_word = |current: &mut Cut, word: &mut Option<String>| {
-        if let Some(w) = word.take() {
-            current.words.push(w);
+    // Each word is copied out once, at its final length, and the buffer
+    // is kept for the next.
+    let finish_word = |current: &mut Cut, word: &mut String| {
+        if !word.is_empty() {
+            current.words.push(word.as_str().to_owned());
+            word.clear();
         }
     };
     while let Some((at, c)) = chars.next() {
@@ -456,30 +460,35 @@ fn cut(text: &str) -> Vec<Cut> {
             current.end = end;
             continue;
         }
+        // A run of ASCII letters, digits and underscores is taken whole:
+        // no code starts inside it.
+        if c.is_ascii_alphanumeric() || c == '_' {
+            let run = text.as_bytes()[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                .count();
+            let from = word.len();
+            word.push_str(&text[at..at + run]);
+            word[from..].make_ascii_lowercase();
+            for _ in 1..run {
+                chars.next();
+            }
+            current.end = at + run;
+            continue;
+        }
         let next = chars.peek().map(|&(_, n)| n);
         if is_word_char(c) {
-            let w = word.get_or_insert_with(String::new);
-            if c.is_ascii() {
-                w.push(c.to_ascii_lowercase());
-            } else {
-                w.extend(c.to_lowercase());
-            }
+            word.extend(c.to_lowercase());
             current.end = at + c.len_utf8();
             continue;
         }
-        if is_apostrophe(c)
-            && next.is_some_and(is_word_char)
-            && let Some(w) = word.as_mut()
-        {
-            w.push('\'');
+        if is_apostrophe(c) && next.is_some_and(is_word_char) && !word.is_empty() {
+            word.push('\'');
             continue;
         }
         // "package.json", "os.path", "v1.2" are one word.
-        if c == '.'
-            && next.is_some_and(is_word_char)
-            && let Some(w) = word.as_mut()
-        {
-            w.push('.');
+        if c == '.' && next.is_some_and(is_word_char) && !word.is_empty() {
+            word.push('.');
             current.end = at + 1;
             continue;
         }
@@ -1064,7 +1073,7 @@ fn output_line(line: &str) -> bool {
         || stamp_at_start(t)
         || t.starts_with(OUTPUT_SYMBOLS)
         || comment(t)
-        || t.contains("***")
+        || has_run(t, b'*', 3)
         || (t.starts_with('[') && t.ends_with(']'))
     {
         return true;
@@ -1077,12 +1086,21 @@ fn output_line(line: &str) -> bool {
     {
         return true;
     }
-    let (letters, visible) = t.chars().fold((0usize, 0usize), |(l, v), c| {
-        (
-            l + usize::from(c.is_alphabetic()),
-            v + usize::from(!c.is_whitespace()),
-        )
-    });
+    let (letters, visible) = if t.is_ascii() {
+        t.bytes().fold((0usize, 0usize), |(l, v), b| {
+            (
+                l + usize::from(b.is_ascii_alphabetic()),
+                v + usize::from(!matches!(b, b'\t'..=b'\r' | b' ')),
+            )
+        })
+    } else {
+        t.chars().fold((0usize, 0usize), |(l, v), c| {
+            (
+                l + usize::from(c.is_alphabetic()),
+                v + usize::from(!c.is_whitespace()),
+            )
+        })
+    };
     if letters * 2 < visible {
         return true;
     }
@@ -1124,6 +1142,19 @@ fn output_line(line: &str) -> bool {
             && LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l)))
             || file_position(w)
     })
+}
+
+/// Whether `s` holds `n` consecutive bytes `b` (an ASCII character): a
+/// substring search without a searcher to set up.
+fn has_run(s: &str, b: u8, n: usize) -> bool {
+    let mut run = 0;
+    for &x in s.as_bytes() {
+        run = if x == b { run + 1 } else { 0 };
+        if run == n {
+            return true;
+        }
+    }
+    false
 }
 
 /// A comment in capitals: "# DO NOT EDIT", "-- GENERATED".
@@ -1183,9 +1214,10 @@ fn presents(lx: &Lexed, colon: bool) -> bool {
 }
 
 /// Whether most of a text is output rather than prose: code fences, or
-/// lines shaped like logs, stack frames, diffs and prompts.
-fn output_like(text: &str) -> bool {
-    let code: usize = code_ranges(text).iter().map(|(s, e)| e - s).sum();
+/// lines shaped like logs, stack frames, diffs and prompts. `code` is the
+/// text's [`code_ranges`].
+fn output_like(text: &str, code: &[(usize, usize)]) -> bool {
+    let code: usize = code.iter().map(|(s, e)| e - s).sum();
     if text.len() >= 40 && code * 2 >= text.len() {
         return true;
     }
@@ -1200,17 +1232,20 @@ fn output_like(text: &str) -> bool {
         let t = line.trim_start();
         let indented = line.len() - t.len() >= 2;
         let starts_digit = t.starts_with(|c: char| c.is_ascii_digit());
+        // The openers are lower case: only those whose first byte is
+        // the line's, lower-cased, can match.
+        let head = t.as_bytes().first().map(u8::to_ascii_lowercase);
         let opens_with = |p: &str| {
-            t.get(..p.len())
-                .is_some_and(|head| head.eq_ignore_ascii_case(p))
+            p.as_bytes().first().copied() == head
+                && t.get(..p.len()).is_some_and(|h| h.eq_ignore_ascii_case(p))
         };
         if indented
             || starts_digit
-            || OUTPUT_LINE_STARTS.iter().any(|p| opens_with(p))
             || t.starts_with(['$', '>', '[', '{', '}', '|', '+', '#', '/', '<', '@', '='])
-            || t.contains("::")
-            || t.contains("==")
             || t.ends_with([';', '{', '}', ')', ','])
+            || has_run(t, b':', 2)
+            || has_run(t, b'=', 2)
+            || OUTPUT_LINE_STARTS.iter().any(|p| opens_with(p))
         {
             shaped += 1;
         }
