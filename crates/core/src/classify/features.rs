@@ -574,28 +574,36 @@ fn close(cuts: &mut Vec<Cut>, current: &mut Cut, next_start: usize) {
     if done.words.is_empty() {
         return;
     }
+    let matcher = Matcher::get();
+    done.lexed = matcher.scan(&done.words);
     // Idioms read as one word: "never mind" forbids nothing, "don't
-    // forget" reminds.
-    if done.words.iter().any(|w| IDIOM_HEADS.contains(&w.as_str())) {
-        read_idioms(&mut done);
+    // forget" reminds. The words are read again only when one was found.
+    if done
+        .lexed
+        .classes
+        .iter()
+        .any(|k| k & class::IDIOM_HEAD != 0)
+        && read_idioms(&mut done)
+    {
+        done.lexed = matcher.scan(&done.words);
     }
     // A colon right at the end ("Rules:") labels what follows, not this.
     if done.colon_after == Some(done.words.len()) {
         done.colon_after = None;
     }
-    done.lexed = Matcher::get().scan(&done.words);
     done.digits_with_unit |= (1..done.words.len()).any(|i| {
-        done.words[i - 1].chars().all(|c| c.is_ascii_digit()) && done.lexed.is(i, class::UNIT)
+        done.lexed.is(i, class::UNIT) && done.words[i - 1].bytes().all(|b| b.is_ascii_digit())
     });
     cuts.push(done);
 }
 
 /// Replaces each idiom ([`IDIOMS`]) by its one word, in one pass, and
-/// moves the colon and the breaks with the words.
-fn read_idioms(done: &mut Cut) {
+/// moves the colon and the breaks with the words; whether there was any.
+fn read_idioms(done: &mut Cut) -> bool {
     let mut old = std::mem::take(&mut done.words);
     // Where each old word went.
     let mut moved = Vec::with_capacity(old.len() + 1);
+    let mut found = false;
     let mut i = 0;
     while i < old.len() {
         let idiom = IDIOMS
@@ -603,6 +611,7 @@ fn read_idioms(done: &mut Cut) {
             .find(|(idiom, _)| old.get(i..i + idiom.len()).is_some_and(|p| p == *idiom));
         match idiom {
             Some((idiom, word)) => {
+                found = true;
                 moved.extend(std::iter::repeat_n(done.words.len(), idiom.len()));
                 done.words.push((*word).to_owned());
                 i += idiom.len();
@@ -618,6 +627,7 @@ fn read_idioms(done: &mut Cut) {
     let at = |k: usize| moved.get(k).copied().unwrap_or(len);
     done.colon_after = done.colon_after.map(at);
     done.breaks.iter_mut().for_each(|k| *k = at(*k));
+    found
 }
 
 /// The first word that carries meaning: bullets, fillers and greetings
@@ -742,8 +752,8 @@ fn describe(c: &Cut) -> Features {
     if found.has(Set::Preference) {
         f.set(Feature::Preference);
     }
-    let opens_question = WH_WORDS.contains(&first)
-        || (AUXILIARIES.contains(&first) && QUESTION_SUBJECTS.contains(&second));
+    let opens_question = lx.is(start, class::WH_WORD)
+        || (lx.is(start, class::AUXILIARY) && lx.is(start + 1, class::QUESTION_SUBJECT));
     let asks = c.question_mark || opens_question;
     // "please" asks something of the reader; "what would you use?" only
     // asks.
@@ -758,7 +768,8 @@ fn describe(c: &Cut) -> Features {
         .is_some_and(|&k| lx.is(k, class::IMPERATIVE | class::TASK));
     // "should we use redis?" and "where should it go" open like "should
     // it fail, stop" and "when in doubt, ask", but ask.
-    let opens_condition = CONDITION_OPENERS.contains(&first) || (first == "in" && second == "case");
+    let opens_condition =
+        lx.is(start, class::CONDITION_OPENER) || (first == "in" && second == "case");
     if opens_condition
         && (found.has(Set::ConditionAction) || acts_after_comma)
         && !c.question_mark
@@ -826,8 +837,8 @@ fn describe(c: &Cut) -> Features {
         && (found_past(word(third))
             || regular_past(word(third), lx, third)
             || (first == "i" && WRITER_STATES.contains(&word(third))));
-    if STATEMENT_SUBJECTS.contains(&first)
-        && (!MODAL_AFTER_SUBJECT.contains(&second) || tells_past)
+    if lx.is(start, class::STATEMENT_SUBJECT)
+        && (!lx.is(start + 1, class::MODAL_AFTER_SUBJECT) || tells_past)
         && !(first == "you"
             || (first == "we" && matches!(second, "never" | "always" | "only") && !tells_past))
     {
@@ -965,7 +976,7 @@ fn agent_clause(w: &[String], lx: &Lexed, start: usize) -> bool {
             return false;
         }
         let before = w[i - 1].as_str();
-        if AUXILIARIES.contains(&before) || matches!(before, "thank" | "to" | "let" | "for") {
+        if lx.is(i - 1, class::AUXILIARY) || matches!(before, "thank" | "to" | "let" | "for") {
             return false;
         }
         let at = (i + 1..w.len())
@@ -1135,13 +1146,14 @@ fn output_line(line: &str) -> bool {
     }
     // A log level in capitals further on ("npm ERR!", "[12:01] ERROR"),
     // or a compiler's "file.ext:12" position.
-    t.split_whitespace().any(|w| {
-        let name = w.trim_matches(|c: char| !c.is_alphanumeric());
-        (name.len() >= 3
-            && name.chars().all(|c| c.is_ascii_uppercase())
-            && LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l)))
-            || file_position(w)
-    })
+    may_mark_output(t)
+        && t.split_whitespace().any(|w| {
+            let name = w.trim_matches(|c: char| !c.is_alphanumeric());
+            (name.len() >= 3
+                && name.chars().all(|c| c.is_ascii_uppercase())
+                && LOG_LEVELS.iter().any(|l| name.eq_ignore_ascii_case(l)))
+                || file_position(w)
+        })
 }
 
 /// Whether `s` holds `n` consecutive bytes `b` (an ASCII character): a
@@ -1155,6 +1167,23 @@ fn has_run(s: &str, b: u8, n: usize) -> bool {
         }
     }
     false
+}
+
+/// Whether a line holds three capitals in a row or a colon or opening
+/// bracket before a digit: what a log level in capitals or a
+/// `file.ext:12` position needs. Most prose has neither, and its words
+/// need not be looked at one by one.
+fn may_mark_output(t: &str) -> bool {
+    let b = t.as_bytes();
+    let mut capitals = 0;
+    b.iter().enumerate().any(|(i, &x)| {
+        capitals = if x.is_ascii_uppercase() {
+            capitals + 1
+        } else {
+            0
+        };
+        capitals >= 3 || (matches!(x, b':' | b'(') && b.get(i + 1).is_some_and(u8::is_ascii_digit))
+    })
 }
 
 /// A comment in capitals: "# DO NOT EDIT", "-- GENERATED".

@@ -1816,6 +1816,20 @@ pub(super) mod class {
     pub(in crate::classify) const NOT_PAST: u32 = 1 << 20;
     /// [`super::UNITS`].
     pub(in crate::classify) const UNIT: u32 = 1 << 21;
+    /// [`super::WH_WORDS`].
+    pub(in crate::classify) const WH_WORD: u32 = 1 << 22;
+    /// [`super::AUXILIARIES`].
+    pub(in crate::classify) const AUXILIARY: u32 = 1 << 23;
+    /// [`super::QUESTION_SUBJECTS`].
+    pub(in crate::classify) const QUESTION_SUBJECT: u32 = 1 << 24;
+    /// [`super::CONDITION_OPENERS`].
+    pub(in crate::classify) const CONDITION_OPENER: u32 = 1 << 25;
+    /// [`super::STATEMENT_SUBJECTS`].
+    pub(in crate::classify) const STATEMENT_SUBJECT: u32 = 1 << 26;
+    /// [`super::MODAL_AFTER_SUBJECT`].
+    pub(in crate::classify) const MODAL_AFTER_SUBJECT: u32 = 1 << 27;
+    /// [`super::IDIOM_HEADS`].
+    pub(in crate::classify) const IDIOM_HEAD: u32 = 1 << 28;
 }
 
 /// A segment's words as the lexicon reads them: the sets its phrases
@@ -1939,6 +1953,13 @@ impl Matcher {
                 (class::PARTICLE, VERB_PARTICLES),
                 (class::NOT_PAST, NOT_PAST),
                 (class::UNIT, UNITS),
+                (class::WH_WORD, WH_WORDS),
+                (class::AUXILIARY, AUXILIARIES),
+                (class::QUESTION_SUBJECT, QUESTION_SUBJECTS),
+                (class::CONDITION_OPENER, CONDITION_OPENERS),
+                (class::STATEMENT_SUBJECT, STATEMENT_SUBJECTS),
+                (class::MODAL_AFTER_SUBJECT, MODAL_AFTER_SUBJECT),
+                (class::IDIOM_HEAD, IDIOM_HEADS),
             ];
             let mut by_first: std::collections::HashMap<_, Entry, _> = Default::default();
             for (set, phrases) in lists {
