@@ -13,6 +13,8 @@
 //! keyword inside pasted code binds nothing, but code in a sentence still
 //! marks a format or naming rule.
 
+use std::borrow::Cow;
+
 use super::lexicon::*;
 use super::modal::code_ranges;
 
@@ -294,10 +296,11 @@ const CODE: &str = "`";
 
 /// One segment as cut: its words and what ended it.
 #[derive(Debug, Default)]
-struct Cut {
+struct Cut<'t> {
     start: usize,
     end: usize,
-    words: Vec<String>,
+    /// Lower-cased; borrowed from the text where it reads the same.
+    words: Vec<Cow<'t, str>>,
     /// Words before the first colon that is followed by more text.
     colon_after: Option<usize>,
     /// Whether a comma, dash or colon directly follows the first word.
@@ -353,7 +356,7 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
     cuts.into_iter()
         .zip(output_lines)
         .zip(placed)
-        .filter(|((c, _), _)| c.words.iter().any(|w| w != CODE))
+        .filter(|((c, _), _)| c.words.iter().any(|w| *w != CODE))
         .map(|((c, output), (line, line_end))| {
             let mut f = describe(&c);
             if output {
@@ -424,21 +427,28 @@ fn is_apostrophe(c: char) -> bool {
 
 /// Lines, then sentences (`.`, `!`, `?` before white space or the end, and
 /// `;`); code runs become one placeholder word.
-fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
+fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
     let mut code_at = code.iter().peekable();
     let mut cuts = Vec::new();
     let mut current = Cut::default();
     // The word being read, lower-cased; empty between words.
     let mut word = String::new();
+    // Where it starts in the text.
+    let mut word_start = 0;
     // Inside double quotes: a quotation of several sentences is quoted
     // throughout.
     let mut in_quote = false;
     let mut chars = text.char_indices().peekable();
-    // Each word is copied out once, at its final length, and the buffer
+    // A word that stands in the text as read (most do) is borrowed from
+    // it; any other is copied out once, at its final length. The buffer
     // is kept for the next.
-    let finish_word = |current: &mut Cut, word: &mut String| {
+    let finish_word = |current: &mut Cut<'t>, word: &mut String, start: usize| {
         if !word.is_empty() {
-            current.words.push(word.as_str().to_owned());
+            let read = match text.get(start..start + word.len()) {
+                Some(same) if same == word.as_str() => Cow::Borrowed(same),
+                _ => Cow::Owned(word.as_str().to_owned()),
+            };
+            current.words.push(read);
             word.clear();
         }
     };
@@ -449,9 +459,9 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
         if let Some(&&(start, end)) = code_at.peek()
             && start <= at
         {
-            finish_word(&mut current, &mut word);
-            if current.words.last().map(String::as_str) != Some(CODE) {
-                current.words.push(CODE.to_owned());
+            finish_word(&mut current, &mut word, word_start);
+            if current.words.last().is_none_or(|w| *w != CODE) {
+                current.words.push(Cow::Borrowed(CODE));
             }
             // Skip to the end of the code run.
             while chars.peek().is_some_and(|&(next, _)| next < end) {
@@ -467,6 +477,9 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
                 .iter()
                 .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
                 .count();
+            if word.is_empty() {
+                word_start = at;
+            }
             let from = word.len();
             word.push_str(&text[at..at + run]);
             word[from..].make_ascii_lowercase();
@@ -478,6 +491,9 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
         }
         let next = chars.peek().map(|&(_, n)| n);
         if is_word_char(c) {
+            if word.is_empty() {
+                word_start = at;
+            }
             word.extend(c.to_lowercase());
             current.end = at + c.len_utf8();
             continue;
@@ -492,7 +508,7 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
             current.end = at + 1;
             continue;
         }
-        finish_word(&mut current, &mut word);
+        finish_word(&mut current, &mut word, word_start);
         let boundary_space = next.is_none_or(char::is_whitespace);
         match c {
             '\n' | ';' => {
@@ -516,8 +532,8 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
                 && (current.words.len() > 6
                     || (current.words.len() > 1
                         && current.words.iter().any(|w| {
-                            SHOWING_VERBS.contains(&w.as_str())
-                                || SAYING_VERBS.contains(&w.as_str())
+                            SHOWING_VERBS.contains(&w.as_ref())
+                                || SAYING_VERBS.contains(&w.as_ref())
                         }))) =>
             {
                 current.lead_in = true;
@@ -562,12 +578,12 @@ fn cut(text: &str, code: &[(usize, usize)]) -> Vec<Cut> {
             current.end = at + c.len_utf8();
         }
     }
-    finish_word(&mut current, &mut word);
+    finish_word(&mut current, &mut word, word_start);
     close(&mut cuts, &mut current, text.len());
     cuts
 }
 
-fn close(cuts: &mut Vec<Cut>, current: &mut Cut, next_start: usize) {
+fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) {
     let mut done = std::mem::take(current);
     current.start = next_start;
     current.end = next_start;
@@ -599,7 +615,7 @@ fn close(cuts: &mut Vec<Cut>, current: &mut Cut, next_start: usize) {
 
 /// Replaces each idiom ([`IDIOMS`]) by its one word, in one pass, and
 /// moves the colon and the breaks with the words; whether there was any.
-fn read_idioms(done: &mut Cut) -> bool {
+fn read_idioms(done: &mut Cut<'_>) -> bool {
     let mut old = std::mem::take(&mut done.words);
     // Where each old word went.
     let mut moved = Vec::with_capacity(old.len() + 1);
@@ -613,7 +629,7 @@ fn read_idioms(done: &mut Cut) -> bool {
             Some((idiom, word)) => {
                 found = true;
                 moved.extend(std::iter::repeat_n(done.words.len(), idiom.len()));
-                done.words.push((*word).to_owned());
+                done.words.push(Cow::Borrowed(word));
                 i += idiom.len();
             }
             None => {
@@ -638,13 +654,13 @@ fn first_content(lx: &Lexed) -> usize {
         .unwrap_or(lx.classes.len())
 }
 
-fn describe(c: &Cut) -> Features {
+fn describe(c: &Cut<'_>) -> Features {
     let mut f = Features([0.0; FEATURE_COUNT]);
     let w = &c.words[..];
     let lx = &c.lexed;
     let found = lx.found;
     let start = first_content(lx);
-    let word = |i: usize| w.get(i).map(String::as_str).unwrap_or("");
+    let word = |i: usize| w.get(i).map_or("", |x| x.as_ref());
     let first = word(start);
     let second = word(start + 1);
 
@@ -676,10 +692,10 @@ fn describe(c: &Cut) -> Features {
     let label = c.colon_after.filter(|&k| {
         (1..=6).contains(&k)
             && w.len() > k
-            && !LOG_LABELS.contains(&w[k - 1].as_str())
-            && !LOG_LEVELS.contains(&w[0].as_str())
-            && !SUBJECT_PRONOUNS.contains(&w[0].as_str())
-            && !matches!(w[0].as_str(), "from" | "to" | "re" | "at" | "in")
+            && !LOG_LABELS.contains(&w[k - 1].as_ref())
+            && !LOG_LEVELS.contains(&w[0].as_ref())
+            && !SUBJECT_PRONOUNS.contains(&w[0].as_ref())
+            && !matches!(w[0].as_ref(), "from" | "to" | "re" | "at" | "in")
             // "Turn 3:", "Step 2:": a counter's heading.
             && !w[k - 1].chars().all(|c| c.is_ascii_digit())
             && !(0..k).any(|i| lx.is(i, class::SAYING | class::SHOWING_VERB))
@@ -779,7 +795,7 @@ fn describe(c: &Cut) -> Features {
     }
     let stop_doing = w
         .windows(2)
-        .any(|p| matches!(p[0].as_str(), "stop" | "quit") && p[1].ends_with("ing"));
+        .any(|p| matches!(p[0].as_ref(), "stop" | "quit") && p[1].ends_with("ing"));
     // "again" corrects when it forbids or opens the sentence ("again,
     // tests go in tests/"), not in "run it again".
     let corrects_again =
@@ -895,7 +911,7 @@ fn describe(c: &Cut) -> Features {
     }
     // "draft an email announcing that we'll never …": what the task
     // produces says it, the writer does not.
-    if task && (verb_at + 1..w.len()).any(|i| TASK_CONTENT.contains(&w[i].as_str())) {
+    if task && (verb_at + 1..w.len()).any(|i| TASK_CONTENT.contains(&w[i].as_ref())) {
         f.set(Feature::TaskContent);
     }
     let maintaining = lx.is(verb_at, class::MAINTAINING);
@@ -916,7 +932,7 @@ fn describe(c: &Cut) -> Features {
 /// Whether the words from `from` on, after particles ("clean up the …",
 /// "go ahead and merge it"), open by naming one particular thing: a
 /// definite or demonstrative determiner, a pronoun, or "a"/"an".
-fn specific_object(w: &[String], lx: &Lexed, from: usize) -> bool {
+fn specific_object(w: &[Cow<'_, str>], lx: &Lexed, from: usize) -> bool {
     let mut at = (from..w.len()).find(|&i| !lx.is(i, class::PARTICLE));
     // "remember to save the file", "be sure to restart the server": the
     // object of the verb that follows.
@@ -934,7 +950,7 @@ fn specific_object(w: &[String], lx: &Lexed, from: usize) -> bool {
 /// Whether someone other than the writer is said to have said or wanted
 /// something: a verb of saying after a subject that is not "I", or an
 /// attribution ("according to", "apparently").
-fn attributed(w: &[String], lx: &Lexed) -> bool {
+fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
     (0..w.len()).any(|i| {
         lx.is(i, class::ATTRIBUTION)
             || (w[i] == "according" && w.get(i + 1).is_some_and(|n| n == "to"))
@@ -946,7 +962,7 @@ fn attributed(w: &[String], lx: &Lexed) -> bool {
                     !lx.is(k, class::WRITER)
                         || (w[k] == "to"
                             && k > 0
-                            && matches!(w[k - 1].as_str(), "used" | "likes" | "keeps"))
+                            && matches!(w[k - 1].as_ref(), "used" | "likes" | "keeps"))
                 })
             })
     })
@@ -955,7 +971,7 @@ fn attributed(w: &[String], lx: &Lexed) -> bool {
 /// Whether a regular past tense tells what happened: an "-ed" word not
 /// after a determiner, a preposition or a verb, where it is an adjective
 /// ("the generated files", "rewrite published history").
-fn told_in_past(w: &[String], lx: &Lexed) -> bool {
+fn told_in_past(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
     (1..w.len()).any(|i| {
         regular_past(&w[i], lx, i)
             && !lx.is(
@@ -969,20 +985,20 @@ fn told_in_past(w: &[String], lx: &Lexed) -> bool {
 /// you change …", "every PR you open", "before you write code". Not a
 /// question's "do you" or a request's "can you", not the past ("the
 /// change you made"), and not one step's clause ("before you send it").
-fn agent_clause(w: &[String], lx: &Lexed, start: usize) -> bool {
+fn agent_clause(w: &[Cow<'_, str>], lx: &Lexed, start: usize) -> bool {
     (start + 1..w.len()).any(|i| {
-        let you = w[i].as_str();
+        let you = w[i].as_ref();
         if !matches!(you, "you" | "you're") {
             return false;
         }
-        let before = w[i - 1].as_str();
+        let before = w[i - 1].as_ref();
         if lx.is(i - 1, class::AUXILIARY) || matches!(before, "thank" | "to" | "let" | "for") {
             return false;
         }
         let at = (i + 1..w.len())
             .find(|&k| !lx.is(k, class::AGENT_ADVERB))
             .unwrap_or(w.len());
-        let object = w.get(at + 1).map(String::as_str).unwrap_or("");
+        let object = w.get(at + 1).map_or("", |x| x.as_ref());
         (you == "you're" || lx.is(at, class::IMPERATIVE | class::TASK | class::AGENT_VERB))
             && !matches!(object, "it" | "this" | "that" | "them" | "these" | "those")
     })
@@ -1286,11 +1302,11 @@ fn output_like(text: &str, code: &[(usize, usize)]) -> bool {
 /// time"), "then"; or a demonstrative before a noun that is not
 /// the whole of the work ("this snippet", "that table", but not "this
 /// repo").
-fn points_at_step(w: &[String], breaks: &[usize]) -> bool {
+fn points_at_step(w: &[Cow<'_, str>], breaks: &[usize]) -> bool {
     w.iter().enumerate().any(|(i, x)| {
-        let before = i.checked_sub(1).and_then(|k| w.get(k)).map(String::as_str);
-        let after = w.get(i + 1).map(String::as_str).unwrap_or("");
-        match x.as_str() {
+        let before = i.checked_sub(1).and_then(|k| w.get(k)).map(|b| b.as_ref());
+        let after = w.get(i + 1).map_or("", |a| a.as_ref());
+        match x.as_ref() {
             "now" => !matches!(before, Some("from" | "till" | "until" | "til")),
             "next" => !matches!(after, "time" | "times" | "to"),
             "then" => true,

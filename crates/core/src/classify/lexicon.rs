@@ -1983,11 +1983,11 @@ impl Matcher {
 
     /// The sets `words` touch, each phrase matched on consecutive words,
     /// and each word's classes.
-    pub(super) fn scan(&self, words: &[String]) -> Lexed {
+    pub(super) fn scan(&self, words: &[std::borrow::Cow<'_, str>]) -> Lexed {
         let mut found = Found::default();
         let mut classes = Vec::with_capacity(words.len());
         for (i, word) in words.iter().enumerate() {
-            let Some(entry) = self.by_first.get(word.as_str()) else {
+            let Some(entry) = self.by_first.get(word.as_ref()) else {
                 classes.push(0);
                 continue;
             };
