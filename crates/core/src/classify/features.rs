@@ -319,6 +319,19 @@ struct Cut<'t> {
     lexed: Lexed,
 }
 
+/// Room made for a segment's words at its first: most sentences fit.
+const WORDS_PER_CUT: usize = 16;
+
+impl<'t> Cut<'t> {
+    /// Adds a word.
+    fn push_word(&mut self, word: Cow<'t, str>) {
+        if self.words.is_empty() {
+            self.words.reserve(WORDS_PER_CUT);
+        }
+        self.words.push(word);
+    }
+}
+
 /// Cuts `text` into segments and describes each. Span-level features
 /// (role, length, acknowledgement, output-likeness) are set on every
 /// segment, so that each segment's score stands on its own.
@@ -353,7 +366,10 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
     let mut shown = false;
     // What a lead-in that reports or presents introduces after its colon.
     let mut introduced = false;
-    cuts.into_iter()
+    // At most one segment per cut.
+    let mut out = Vec::with_capacity(cuts.len());
+    let described = cuts
+        .into_iter()
         .zip(output_lines)
         .zip(placed)
         .filter(|((c, _), _)| c.words.iter().any(|w| *w != CODE))
@@ -404,8 +420,9 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
                 range: (c.start, c.end),
                 features: f,
             }
-        })
-        .collect()
+        });
+    out.extend(described);
+    out
 }
 
 fn is_word_char(c: char) -> bool {
@@ -448,7 +465,7 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
                 Some(same) if same == word.as_str() => Cow::Borrowed(same),
                 _ => Cow::Owned(word.as_str().to_owned()),
             };
-            current.words.push(read);
+            current.push_word(read);
             word.clear();
         }
     };
@@ -461,7 +478,7 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
         {
             finish_word(&mut current, &mut word, word_start);
             if current.words.last().is_none_or(|w| *w != CODE) {
-                current.words.push(Cow::Borrowed(CODE));
+                current.push_word(Cow::Borrowed(CODE));
             }
             // Skip to the end of the code run.
             while chars.peek().is_some_and(|&(next, _)| next < end) {

@@ -65,12 +65,16 @@ mod weights;
 pub(crate) use modal::{CodeCursor, analyse, code_ranges, is_word_char};
 pub use modal::{modality_name, modality_of};
 
+use std::fmt::Write as _;
+
 use crate::span::{ClassSource, Classification, Role, SpanClass};
 
 /// The most phrases a session may add.
 pub const MAX_PIN_PHRASES: usize = 32;
 /// The longest phrase a session may add, in bytes.
 pub const MAX_PIN_PHRASE_BYTES: usize = 128;
+/// Room for an explanation: a verdict, a score and six features' names.
+const EXPLANATION_CAPACITY: usize = 128;
 /// The share of the window the standing-instructions tier may take unless
 /// the session says otherwise.
 pub const DEFAULT_PROTECTED_FRACTION: f64 = 0.05;
@@ -188,9 +192,11 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
         None if scored.score >= doubt => (Verdict::Doubtful, scored.score),
         None => (Verdict::Narrative, scored.score),
     };
-    let mut explanation = format!("{} {:.2}:", verdict.name(), score);
+    let mut explanation = String::with_capacity(EXPLANATION_CAPACITY);
+    // Writing to a String cannot fail.
+    let _ = write!(explanation, "{} {:.2}:", verdict.name(), score);
     if let Some(p) = phrase {
-        explanation.push_str(&format!(" +phrase:{p:?}"));
+        let _ = write!(explanation, " +phrase:{p:?}");
     }
     for (f, _) in &scored.raised_by {
         explanation.push_str(" +");

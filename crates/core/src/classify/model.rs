@@ -73,11 +73,13 @@ impl Model {
                 lowered_by: Vec::new(),
             };
         };
-        let mut parts: Vec<(Feature, f64)> = ALL_FEATURES
-            .iter()
-            .map(|f| (*f, self.weights[*f as usize] * seg.features.get(*f)))
-            .filter(|(_, c)| *c != 0.0)
-            .collect();
+        let mut parts: Vec<(Feature, f64)> = Vec::with_capacity(FEATURE_COUNT);
+        parts.extend(
+            ALL_FEATURES
+                .iter()
+                .map(|f| (*f, self.weights[*f as usize] * seg.features.get(*f)))
+                .filter(|(_, c)| *c != 0.0),
+        );
         parts.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()).then(a.0.cmp(&b.0)));
         let raised_by = parts
             .iter()
