@@ -632,19 +632,25 @@ fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) 
 
 /// Replaces each idiom ([`IDIOMS`]) by its one word, in one pass, and
 /// moves the colon and the breaks with the words; whether there was any.
+/// Only a word the lexicon marks as an idiom's head can start one.
 fn read_idioms(done: &mut Cut<'_>) -> bool {
+    let head = |lexed: &Lexed, i: usize| lexed.is(i, class::IDIOM_HEAD);
+    if !(0..done.words.len()).any(|i| head(&done.lexed, i) && idiom_at(&done.words, i).is_some()) {
+        return false;
+    }
     let mut old = std::mem::take(&mut done.words);
+    done.words.reserve(old.len());
     // Where each old word went.
     let mut moved = Vec::with_capacity(old.len() + 1);
-    let mut found = false;
     let mut i = 0;
     while i < old.len() {
-        let idiom = IDIOMS
-            .iter()
-            .find(|(idiom, _)| old.get(i..i + idiom.len()).is_some_and(|p| p == *idiom));
+        let idiom = if head(&done.lexed, i) {
+            idiom_at(&old, i)
+        } else {
+            None
+        };
         match idiom {
             Some((idiom, word)) => {
-                found = true;
                 moved.extend(std::iter::repeat_n(done.words.len(), idiom.len()));
                 done.words.push(Cow::Borrowed(word));
                 i += idiom.len();
@@ -660,7 +666,17 @@ fn read_idioms(done: &mut Cut<'_>) -> bool {
     let at = |k: usize| moved.get(k).copied().unwrap_or(len);
     done.colon_after = done.colon_after.map(at);
     done.breaks.iter_mut().for_each(|k| *k = at(*k));
-    found
+    true
+}
+
+/// The idiom that starts at word `i`, if any.
+fn idiom_at(
+    words: &[Cow<'_, str>],
+    i: usize,
+) -> Option<&'static (&'static [&'static str], &'static str)> {
+    IDIOMS
+        .iter()
+        .find(|(idiom, _)| words.get(i..i + idiom.len()).is_some_and(|p| p == *idiom))
 }
 
 /// The first word that carries meaning: bullets, fillers and greetings
