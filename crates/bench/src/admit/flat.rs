@@ -57,14 +57,7 @@ pub(super) async fn rows(
     admissions: usize,
 ) -> Result<Vec<FlatRow>, Failure> {
     let mut client = client.clone();
-    let shorts: Vec<&Turn> = workload
-        .pool
-        .iter()
-        .filter(|t| t.role == pb::Role::User)
-        .collect();
-    if shorts.is_empty() {
-        return Err("the workload has no user message".into());
-    }
+    let shorts = short_messages(workload)?;
     let mut rows = Vec::new();
     for &size in sizes {
         let session = format!("flat-{size}");
@@ -116,6 +109,19 @@ pub(super) async fn rows(
         rows.push(row(size, "admit+key", &mut latencies, &used, wrote));
     }
     Ok(rows)
+}
+
+/// The workload's user messages: the short turns the rows admit.
+pub(super) fn short_messages(workload: &Workload) -> Result<Vec<&Turn>, Failure> {
+    let shorts: Vec<&Turn> = workload
+        .pool
+        .iter()
+        .filter(|t| t.role == pb::Role::User)
+        .collect();
+    match shorts.is_empty() {
+        true => Err("the workload has no user message".into()),
+        false => Ok(shorts),
+    }
 }
 
 fn row(

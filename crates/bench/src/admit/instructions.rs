@@ -23,7 +23,7 @@ use ctxbroker_proto::v1 as pb;
 use crate::common::{Client, Failure};
 use crate::daemon::DaemonProcess;
 
-use super::{AdmitArgs, Turn, Workload, flat};
+use super::{AdmitArgs, Workload, flat};
 
 /// How long a dump may take to appear once asked for.
 const DUMP_DEADLINE: Duration = Duration::from_secs(60);
@@ -102,14 +102,7 @@ async fn count_rows(
     sizes: &[usize],
     requests: usize,
 ) -> Result<Vec<CountRow>, Failure> {
-    let shorts: Vec<&Turn> = workload
-        .pool
-        .iter()
-        .filter(|t| t.role == pb::Role::User)
-        .collect();
-    if shorts.is_empty() {
-        return Err("the workload has no user message".into());
-    }
+    let shorts = flat::short_messages(workload)?;
     let mut rows = Vec::new();
     for &size in sizes {
         let session = format!("count-{size}");
@@ -276,6 +269,35 @@ mod tests {
             table.contains("| relaxed | 1000 | admit | 200 | 308000 | 5.50 |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn the_count_is_asked_for_with_its_own_flags() {
+        use clap::Parser;
+        let args = AdmitArgs::try_parse_from([
+            "admit",
+            "--instructions",
+            "--instructions-requests",
+            "50",
+            "--instructions-daemon",
+            "/tmp/before/ctxbroker-bench",
+        ])
+        .unwrap();
+        assert!(args.instructions);
+        assert_eq!(args.instructions_requests, 50);
+        assert_eq!(
+            args.instructions_daemon.as_deref(),
+            Some(Path::new("/tmp/before/ctxbroker-bench"))
+        );
+        assert_eq!(
+            AdmitArgs::try_parse_from(["admit"])
+                .unwrap()
+                .instructions_requests,
+            500
+        );
+        // Another build's daemon only means something to the count.
+        assert!(AdmitArgs::try_parse_from(["admit", "--instructions-daemon", "x"]).is_err());
+        assert!(AdmitArgs::try_parse_from(["admit", "--instructions", "--split-only"]).is_err());
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
     if explanation.ends_with(':') {
         explanation.push_str(" no prose");
     }
+    // It is kept with the span as its rule: no spare room.
+    explanation.shrink_to_fit();
     Assessment {
         verdict,
         score,
