@@ -383,16 +383,12 @@ impl Terms {
 /// Adds `s`, lower-cased, to `set`, copied only when it is new; whether it
 /// was. `buf` holds the lower-cased form when `s` has capitals.
 fn insert_lowered(set: &mut FastSet<String>, s: &str, buf: &mut String) -> bool {
-    let lower = if !s.is_ascii() {
+    let lower = if s.is_ascii() {
+        crate::relevance::lowered(s, true, buf)
+    } else {
+        // `str::to_lowercase`, which knows a final sigma.
         *buf = s.to_lowercase();
         buf.as_str()
-    } else if s.bytes().any(|b| b.is_ascii_uppercase()) {
-        buf.clear();
-        buf.push_str(s);
-        buf.make_ascii_lowercase();
-        buf.as_str()
-    } else {
-        s
     };
     if set.contains(lower) {
         return false;

@@ -295,7 +295,7 @@ fn word_bits8(x: u64) -> u64 {
 }
 
 /// ASCII bytes that belong to words: letters, digits, `_`.
-static ASCII_WORD: [bool; 256] = {
+pub(crate) static ASCII_WORD: [bool; 256] = {
     let mut t = [false; 256];
     let mut c = 0;
     while c < 128 {
@@ -337,7 +337,7 @@ fn lower_into(word: &str, ascii: bool, buf: &mut String) {
 /// A word lower-cased: the word itself when it has nothing to lower-case
 /// (an ASCII word without capitals, the most common), else its lower-cased
 /// form written into `buf`.
-fn lowered<'a>(word: &'a str, ascii: bool, buf: &'a mut String) -> &'a str {
+pub(crate) fn lowered<'a>(word: &'a str, ascii: bool, buf: &'a mut String) -> &'a str {
     if ascii && !word.bytes().any(|b| b.is_ascii_uppercase()) {
         return word;
     }

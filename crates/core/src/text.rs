@@ -205,7 +205,7 @@ fn next_word(text: &str, from: usize) -> Option<(usize, usize)> {
     let is_word_at = |i: usize| {
         let &c = b.get(i)?;
         if c < 0x80 {
-            return Some((ASCII_WORD[usize::from(c)], 1));
+            return Some((crate::relevance::ASCII_WORD[usize::from(c)], 1));
         }
         let c = text.get(i..)?.chars().next()?;
         Some((is_word_char(c), c.len_utf8()))
@@ -223,19 +223,6 @@ fn next_word(text: &str, from: usize) -> Option<(usize, usize)> {
     }
     Some((start, end))
 }
-
-/// ASCII bytes of words: letters, digits and `_`, as [`is_word_char`]
-/// tells them.
-static ASCII_WORD: [bool; 128] = {
-    let mut t = [false; 128];
-    let mut c = 0;
-    while c < 128 {
-        let b = c as u8;
-        t[c] = b.is_ascii_alphanumeric() || b == b'_';
-        c += 1;
-    }
-    t
-};
 
 /// Whether a trimmed line reports an error.
 pub(crate) fn is_error_line(line: &str) -> bool {
