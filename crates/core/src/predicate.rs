@@ -277,7 +277,7 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
     let words = &analysis.words;
     let framing = mark_phrases(
         words.len(),
-        |i| words.get(i).map(|w| w.text.as_str()),
+        |i| words.get(i).map(|w| w.text.as_ref()),
         |_, _| true,
     );
     let mut in_hit = vec![false; words.len()];
@@ -324,7 +324,7 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
         if chosen.len() >= MAX_KEY_WORDS {
             break;
         }
-        let text = words[i].text.as_str();
+        let text: &str = &words[i].text;
         if !terms.covers(text) && !chosen.iter().any(|&c| words[c].text == text) {
             chosen.push(i);
         }
@@ -558,7 +558,7 @@ pub fn compress(text: &str, predicate: &Predicate, counter: &dyn TokenCounter) -
     let mut protected: HashSet<String> = HashSet::new();
     for hit in &analysis.hits {
         for w in &analysis.words[hit.first..=hit.last] {
-            protected.insert(w.text.clone());
+            protected.insert(w.text.to_string());
         }
     }
     for term in &predicate.required_terms {

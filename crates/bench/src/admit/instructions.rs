@@ -56,8 +56,20 @@ pub(super) async fn run(args: &AdmitArgs, workload: &Workload) -> Result<(), Fai
         None => std::env::current_exe()?,
     };
     for kind in &args.daemons {
-        let out = tempfile::tempdir()?;
-        let file = out.path().join("callgrind.out");
+        // The dumps go to a scratch directory unless they are to be kept.
+        let scratch = match &args.instructions_keep {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                None
+            }
+            None => Some(tempfile::tempdir()?),
+        };
+        let dir = match (&scratch, &args.instructions_keep) {
+            (Some(scratch), _) => scratch.path(),
+            (None, Some(dir)) => dir.as_path(),
+            (None, None) => return Err("no directory for the callgrind dumps".into()),
+        };
+        let file = dir.join(format!("callgrind.{kind}.out"));
         let wrapper = [
             "valgrind".to_owned(),
             "--tool=callgrind".to_owned(),
@@ -90,6 +102,17 @@ pub(super) async fn run(args: &AdmitArgs, workload: &Workload) -> Result<(), Fai
         );
         println!();
         print!("{}", render(&kind.to_string(), &rows));
+        if args.instructions_keep.is_some() {
+            println!();
+            for (n, row) in (1..).zip(&rows) {
+                println!(
+                    "kept: {} spans, {}: {}",
+                    row.live_spans,
+                    row.request,
+                    dump_path(&file, n).display()
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -298,6 +321,12 @@ mod tests {
         // Another build's daemon only means something to the count.
         assert!(AdmitArgs::try_parse_from(["admit", "--instructions-daemon", "x"]).is_err());
         assert!(AdmitArgs::try_parse_from(["admit", "--instructions", "--split-only"]).is_err());
+        // So does keeping its dumps.
+        assert!(AdmitArgs::try_parse_from(["admit", "--instructions-keep", "d"]).is_err());
+        let keep = AdmitArgs::try_parse_from(["admit", "--instructions", "--instructions-keep", "d"])
+            .unwrap()
+            .instructions_keep;
+        assert_eq!(keep.as_deref(), Some(Path::new("d")));
     }
 
     #[test]

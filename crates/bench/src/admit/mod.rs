@@ -172,6 +172,11 @@ pub struct AdmitArgs {
     /// one's (another build, to compare with).
     #[arg(long, value_name = "PATH", requires = "instructions")]
     pub instructions_daemon: Option<PathBuf>,
+    /// Keep the count's callgrind dumps in this directory, one per row
+    /// (the run names each), to read with `callgrind_annotate`; they are
+    /// deleted otherwise.
+    #[arg(long, value_name = "DIR", requires = "instructions")]
+    pub instructions_keep: Option<PathBuf>,
 }
 
 /// A daemon configuration of the run.

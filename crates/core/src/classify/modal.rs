@@ -28,6 +28,7 @@
 //! "I never saw this", "it only fails on CI"), and "X, not Y" where "not"
 //! starts an idiom ("not sure", "not yet").
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use crate::span::Modality;
@@ -61,9 +62,10 @@ pub(crate) const PRECEDENCE: [Modality; 4] = [
 
 /// A whole word of prose, lower-cased, with where it stands.
 #[derive(Debug, Clone)]
-pub(crate) struct Word {
-    /// Lower-cased, typographic apostrophes replaced by `'`.
-    pub(crate) text: String,
+pub(crate) struct Word<'a> {
+    /// Lower-cased, typographic apostrophes replaced by `'`; borrowed from
+    /// the text when that leaves it unchanged.
+    pub(crate) text: Cow<'a, str>,
     /// Index of the clause (split at `;`, newlines, and `.`/`!`/`?`/`:`
     /// followed by white space).
     pub(crate) clause: u32,
@@ -85,12 +87,12 @@ pub(crate) struct Hit {
 
 /// A text's prose words and the rules that fired on them.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Analysis {
-    pub(crate) words: Vec<Word>,
+pub(crate) struct Analysis<'a> {
+    pub(crate) words: Vec<Word<'a>>,
     pub(crate) hits: Vec<Hit>,
 }
 
-impl Analysis {
+impl Analysis<'_> {
     /// The deciding hit: the first hit of the highest-precedence modality.
     pub(crate) fn primary(&self) -> Option<&Hit> {
         PRECEDENCE
@@ -281,7 +283,7 @@ fn is_report_verb(word: &str) -> bool {
 }
 
 /// Splits a text into prose words and fires the rules on them.
-pub(crate) fn analyse(text: &str) -> Analysis {
+pub(crate) fn analyse(text: &str) -> Analysis<'_> {
     let words = prose_words(text);
     let suppressed = report_clauses(&words);
     let mut hits = Vec::new();
@@ -330,7 +332,7 @@ fn first_words() -> &'static [&'static str] {
 
 fn match_phrase<'p>(words: &[Word], i: usize, consumed: &[bool]) -> Option<(&'p Phrase, usize)> {
     if first_words()
-        .binary_search(&words[i].text.as_str())
+        .binary_search(&words[i].text.as_ref())
         .is_err()
     {
         return None;
@@ -362,11 +364,11 @@ fn excluded(words: &[Word], i: usize, phrase: &Phrase) -> bool {
         .checked_sub(1)
         .map(|p| &words[p])
         .filter(|p| p.clause == words[i].clause)
-        .map(|p| p.text.as_str());
+        .map(|p| p.text.as_ref());
     let next = words
         .get(i + phrase.words.len())
         .filter(|n| n.clause == words[i].clause)
-        .map(|n| n.text.as_str());
+        .map(|n| n.text.as_ref());
     match phrase.rule {
         "never" => next == Some("mind"),
         "only" => matches!(prev, Some("not" | "if")) || next == Some("just"),
@@ -378,14 +380,14 @@ fn excluded(words: &[Word], i: usize, phrase: &Phrase) -> bool {
 fn report_clauses(words: &[Word]) -> Vec<bool> {
     let mut suppressed = vec![false; words.len()];
     for (p, subject) in words.iter().enumerate() {
-        if !REPORT_SUBJECTS.contains(&subject.text.as_str()) {
+        if !REPORT_SUBJECTS.contains(&subject.text.as_ref()) {
             continue;
         }
         let mut k = p + 1;
         while k < words.len()
             && k - p <= 3
             && words[k].clause == subject.clause
-            && REPORT_ADVERBS.contains(&words[k].text.as_str())
+            && REPORT_ADVERBS.contains(&words[k].text.as_ref())
         {
             k += 1;
         }
@@ -413,7 +415,7 @@ fn correction_patterns(words: &[Word], consumed: &[bool], hits: &mut Vec<Hit>) {
         let next = words
             .get(i + 1)
             .filter(|n| n.clause == w.clause)
-            .map(|n| n.text.as_str());
+            .map(|n| n.text.as_ref());
         if next == Some("only") {
             continue;
         }
@@ -516,40 +518,54 @@ fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
 }
 
 /// The prose words of a text, skipping code.
-pub(crate) fn prose_words(text: &str) -> Vec<Word> {
+///
+/// A word is borrowed from the text when lower-casing leaves it as it is,
+/// and read a byte at a time while the text is ASCII.
+pub(crate) fn prose_words(text: &str) -> Vec<Word<'_>> {
     let code = code_ranges(text);
-    let mut code_iter = code.iter().peekable();
+    let mut in_code = CodeCursor::new(&code);
+    let bytes = text.as_bytes();
     let mut words = Vec::new();
     let mut clause = 0u32;
     let mut after_comma = false;
-    let mut current: Option<String> = None;
-    let mut chars = text.char_indices().peekable();
-    while let Some((at, c)) = chars.next() {
-        while code_iter.peek().is_some_and(|&&(_, end)| end <= at) {
-            code_iter.next();
-        }
-        if code_iter.peek().is_some_and(|&&(start, _)| start <= at) {
+    let mut current: Option<Pending> = None;
+    let mut at = 0;
+    while let Some(&b) = bytes.get(at) {
+        let (c, len) = char_at(text, at, b);
+        if in_code.contains(at) {
             if let Some(w) = current.take() {
-                push_word(&mut words, w, clause, &mut after_comma);
+                push_word(&mut words, w.finish(text, at), clause, &mut after_comma);
             }
+            at += len;
             continue;
         }
-        let next = chars.peek().map(|&(_, n)| n);
-        if is_word_char(c) {
-            current
-                .get_or_insert_with(String::new)
-                .extend(c.to_lowercase());
+        let next_at = at + len;
+        if is_word_char_at(c, b) {
+            let word = current.get_or_insert(Pending {
+                start: at,
+                owned: None,
+            });
+            word.push(text, at, c, b);
+            at = next_at;
             continue;
         }
+        let next = bytes.get(next_at).map(|&n| char_at(text, next_at, n).0);
         if is_apostrophe(c)
             && next.is_some_and(is_word_char)
-            && let Some(w) = current.as_mut()
+            && let Some(word) = current.as_mut()
         {
-            w.push('\'');
+            if c != '\'' {
+                word.owned
+                    .get_or_insert_with(|| text.get(word.start..at).unwrap_or_default().to_owned())
+                    .push('\'');
+            } else if let Some(owned) = word.owned.as_mut() {
+                owned.push('\'');
+            }
+            at = next_at;
             continue;
         }
         if let Some(w) = current.take() {
-            push_word(&mut words, w, clause, &mut after_comma);
+            push_word(&mut words, w.finish(text, at), clause, &mut after_comma);
         }
         let followed_by_space = next.is_none_or(char::is_whitespace);
         match c {
@@ -558,14 +574,87 @@ pub(crate) fn prose_words(text: &str) -> Vec<Word> {
             ',' => after_comma = true,
             _ => {}
         }
+        at = next_at;
     }
     if let Some(w) = current.take() {
-        push_word(&mut words, w, clause, &mut after_comma);
+        push_word(
+            &mut words,
+            w.finish(text, bytes.len()),
+            clause,
+            &mut after_comma,
+        );
     }
     words
 }
 
-fn push_word(words: &mut Vec<Word>, text: String, clause: u32, after_comma: &mut bool) {
+/// A word being read: where it starts, and its lower-cased form once that
+/// differs from the text.
+struct Pending {
+    start: usize,
+    owned: Option<String>,
+}
+
+impl Pending {
+    /// Adds the word character `c` (whose first byte, at `at`, is `b`).
+    fn push(&mut self, text: &str, at: usize, c: char, b: u8) {
+        if let Some(owned) = self.owned.as_mut() {
+            if b < 0x80 {
+                owned.push(char::from(b.to_ascii_lowercase()));
+            } else {
+                owned.extend(c.to_lowercase());
+            }
+            return;
+        }
+        let unchanged = if b < 0x80 {
+            !b.is_ascii_uppercase()
+        } else {
+            let mut lower = c.to_lowercase();
+            lower.len() == 1 && lower.next() == Some(c)
+        };
+        if !unchanged {
+            let mut owned = text.get(self.start..at).unwrap_or_default().to_owned();
+            owned.extend(c.to_lowercase());
+            self.owned = Some(owned);
+        }
+    }
+
+    /// The word, which ends before byte `end`.
+    fn finish(self, text: &str, end: usize) -> Cow<'_, str> {
+        match self.owned {
+            Some(owned) => Cow::Owned(owned),
+            None => Cow::Borrowed(text.get(self.start..end).unwrap_or_default()),
+        }
+    }
+}
+
+/// The character at byte `at` of `text`, whose first byte is `b`, and its
+/// length in bytes.
+fn char_at(text: &str, at: usize, b: u8) -> (char, usize) {
+    if b < 0x80 {
+        return (char::from(b), 1);
+    }
+    match text.get(at..).and_then(|rest| rest.chars().next()) {
+        Some(c) => (c, c.len_utf8()),
+        // Not reached: `at` is always a character boundary.
+        None => (char::REPLACEMENT_CHARACTER, 1),
+    }
+}
+
+/// [`is_word_char`], answered from a table for ASCII.
+fn is_word_char_at(c: char, b: u8) -> bool {
+    if b < 0x80 {
+        crate::relevance::ASCII_WORD[usize::from(b)]
+    } else {
+        c.is_alphanumeric()
+    }
+}
+
+fn push_word<'a>(
+    words: &mut Vec<Word<'a>>,
+    text: Cow<'a, str>,
+    clause: u32,
+    after_comma: &mut bool,
+) {
     words.push(Word {
         text,
         clause,
@@ -678,12 +767,40 @@ mod tests {
     #[test]
     fn words_and_code() {
         let words = prose_words("Don’t use `x y`; a.b\n```\ncode\n``` z");
-        let texts: Vec<&str> = words.iter().map(|w| w.text.as_str()).collect();
+        let texts: Vec<&str> = words.iter().map(|w| w.text.as_ref()).collect();
         assert_eq!(texts, ["don't", "use", "a", "b", "z"]);
         assert_eq!(words[2].clause, words[3].clause);
         assert!(words[4].clause > words[3].clause);
         assert_eq!(code_ranges("a ` b\n` c"), Vec::<(usize, usize)>::new());
         assert_eq!(code_ranges("```open"), vec![(0, 7)]);
+    }
+
+    #[test]
+    fn words_are_borrowed_unless_lowering_changes_them() {
+        let words = prose_words("use don't Don’t NEVER naïve ÉTÉ İx straße a_1");
+        let texts: Vec<&str> = words.iter().map(|w| w.text.as_ref()).collect();
+        assert_eq!(
+            texts,
+            [
+                "use",
+                "don't",
+                "don't",
+                "never",
+                "naïve",
+                "été",
+                "i\u{307}x",
+                "straße",
+                "a_1"
+            ]
+        );
+        let borrowed: Vec<bool> = words
+            .iter()
+            .map(|w| matches!(w.text, Cow::Borrowed(_)))
+            .collect();
+        assert_eq!(
+            borrowed,
+            [true, true, false, false, true, false, false, true, true]
+        );
     }
 
     #[test]
