@@ -1147,12 +1147,11 @@ fn output_line(line: &str) -> bool {
         return true;
     }
     let (letters, visible) = if t.is_ascii() {
-        t.bytes().fold((0usize, 0usize), |(l, v), b| {
-            (
-                l + usize::from(b.is_ascii_alphabetic()),
-                v + usize::from(!matches!(b, b'\t'..=b'\r' | b' ')),
-            )
-        })
+        let b = t.as_bytes();
+        (
+            count_bytes(b, |x| x.is_ascii_alphabetic()),
+            count_bytes(b, |x| !matches!(x, b'\t'..=b'\r' | b' ')),
+        )
     } else {
         t.chars().fold((0usize, 0usize), |(l, v), c| {
             (
@@ -1208,6 +1207,11 @@ fn output_line(line: &str) -> bool {
 /// Whether `s` holds `n` consecutive bytes `b` (an ASCII character): a
 /// substring search without a searcher to set up.
 fn has_run(s: &str, b: u8, n: usize) -> bool {
+    // Most lines hold no `b` at all, which a search for one byte tells
+    // quickly.
+    if !s.as_bytes().contains(&b) {
+        return false;
+    }
     let mut run = 0;
     for &x in s.as_bytes() {
         run = if x == b { run + 1 } else { 0 };
@@ -1224,6 +1228,11 @@ fn has_run(s: &str, b: u8, n: usize) -> bool {
 /// need not be looked at one by one.
 fn may_mark_output(t: &str) -> bool {
     let b = t.as_bytes();
+    // Fewer than three capitals and neither a colon nor a bracket: most
+    // prose, told without following runs.
+    if count_bytes(b, |x| x.is_ascii_uppercase()) < 3 && !b.contains(&b':') && !b.contains(&b'(') {
+        return false;
+    }
     let mut capitals = 0;
     b.iter().enumerate().any(|(i, &x)| {
         capitals = if x.is_ascii_uppercase() {
@@ -1233,6 +1242,15 @@ fn may_mark_output(t: &str) -> bool {
         };
         capitals >= 3 || (matches!(x, b':' | b'(') && b.get(i + 1).is_some_and(u8::is_ascii_digit))
     })
+}
+
+/// How many bytes of `bytes` satisfy `f`, counted in blocks small enough
+/// for a one-byte count, which the compiler does many bytes at a time.
+fn count_bytes(bytes: &[u8], f: impl Fn(u8) -> bool) -> usize {
+    bytes
+        .chunks(usize::from(u8::MAX))
+        .map(|block| usize::from(block.iter().fold(0u8, |n, &x| n + u8::from(f(x)))))
+        .sum()
 }
 
 /// A comment in capitals: "# DO NOT EDIT", "-- GENERATED".
@@ -1373,6 +1391,28 @@ fn found_past(word: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_scans_agree_with_reading_every_byte() {
+        for len in [0, 1, 254, 255, 256, 600] {
+            let text: String = (0..len)
+                .map(|i| ["A", "b", " ", "*", ":", "7"][i % 6])
+                .collect();
+            let b = text.as_bytes();
+            assert_eq!(
+                count_bytes(b, |x| x.is_ascii_uppercase()),
+                b.iter().filter(|x| x.is_ascii_uppercase()).count(),
+                "{len}"
+            );
+        }
+        assert!(has_run("a *** b", b'*', 3));
+        assert!(!has_run("a ** * b", b'*', 3));
+        assert!(!has_run("plain prose", b'*', 3));
+        assert!(may_mark_output("npm ERR! code 1"));
+        assert!(may_mark_output("at main.rs:12"));
+        assert!(!may_mark_output("Keep It Short, please"));
+        assert!(!may_mark_output("see (the docs) for: details"));
+    }
 
     fn on(text: &str) -> Vec<&'static str> {
         let segs = segments(text, false);
