@@ -109,7 +109,7 @@ pub(super) async fn run(args: &AdmitArgs, workload: &Workload) -> Result<(), Fai
                     "kept: {} spans, {}: {}",
                     row.live_spans,
                     row.request,
-                    dump_path(&file, n).display()
+                    dump_path(&dumps.file, n).display()
                 );
             }
         }
@@ -323,9 +323,10 @@ mod tests {
         assert!(AdmitArgs::try_parse_from(["admit", "--instructions", "--split-only"]).is_err());
         // So does keeping its dumps.
         assert!(AdmitArgs::try_parse_from(["admit", "--instructions-keep", "d"]).is_err());
-        let keep = AdmitArgs::try_parse_from(["admit", "--instructions", "--instructions-keep", "d"])
-            .unwrap()
-            .instructions_keep;
+        let keep =
+            AdmitArgs::try_parse_from(["admit", "--instructions", "--instructions-keep", "d"])
+                .unwrap()
+                .instructions_keep;
         assert_eq!(keep.as_deref(), Some(Path::new("d")));
     }
 
