@@ -134,7 +134,8 @@ pub(crate) fn anchor_ranges(text: &str) -> Vec<(usize, usize)> {
         }
         let content = inner.trim_matches('`').trim();
         if !content.is_empty() {
-            let at = start + inner.find(content).unwrap_or(0);
+            // `content` is a slice of `inner`: where it starts there.
+            let at = start + (content.as_ptr() as usize - inner.as_ptr() as usize);
             found.push((at, cut_chars(content, MAX_ANCHOR_CHARS).trim_end()));
         }
     }
@@ -277,7 +278,7 @@ const TRAILING_WRAP: &[char] = &[
 /// The white-space separated chunks of a text, stripped of wrapping
 /// punctuation, with their byte offsets.
 pub(crate) fn chunks(text: &str) -> impl Iterator<Item = (usize, &str)> {
-    text.split_whitespace().filter_map(move |raw| {
+    Pieces { text, at: 0 }.filter_map(move |raw| {
         let at = raw.as_ptr() as usize - text.as_ptr() as usize;
         // Most chunks start and end with a letter or digit: then there is
         // nothing to strip, and no character needs decoding to tell.
@@ -292,6 +293,46 @@ pub(crate) fn chunks(text: &str) -> impl Iterator<Item = (usize, &str)> {
         };
         (!core.is_empty()).then_some((at + lead, core))
     })
+}
+
+/// The runs of a text between white space, as `str::split_whitespace`
+/// reads them, with ASCII bytes read without decoding a character.
+struct Pieces<'a> {
+    text: &'a str,
+    /// Where the next run may start.
+    at: usize,
+}
+
+impl<'a> Pieces<'a> {
+    /// Whether the character at `self.at` is white space, and its length;
+    /// `None` at the end.
+    fn space_at(&self) -> Option<(bool, usize)> {
+        let &b = self.text.as_bytes().get(self.at)?;
+        if b < 0x80 {
+            return Some((matches!(b, b'\t'..=b'\r' | b' '), 1));
+        }
+        let c = self.text.get(self.at..)?.chars().next()?;
+        Some((c.is_whitespace(), c.len_utf8()))
+    }
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        loop {
+            let (space, len) = self.space_at()?;
+            if !space {
+                break;
+            }
+            self.at += len;
+        }
+        let start = self.at;
+        while let Some((false, len)) = self.space_at() {
+            self.at += len;
+        }
+        self.text.get(start..self.at)
+    }
 }
 
 /// The ASCII characters of a wrap list, as a table by byte.
@@ -852,6 +893,24 @@ mod tests {
     fn anchors_are_deduplicated_in_order() {
         let got = extract_anchors("a src/a.rs b src/b.rs c src/a.rs");
         assert_eq!(got, ["src/a.rs", "src/b.rs"]);
+    }
+
+    #[test]
+    fn pieces_are_the_runs_between_white_space() {
+        for text in [
+            "",
+            " ",
+            "a",
+            "  two  words ",
+            "tab\there\nline\x0bvt\x0cff\rcr",
+            "nbsp\u{a0}and\u{2003}em\u{3000}ideographic",
+            "naïve café\u{85}next",
+            "\u{200b}zero-width is not space",
+        ] {
+            let ours: Vec<&str> = Pieces { text, at: 0 }.collect();
+            let std: Vec<&str> = text.split_whitespace().collect();
+            assert_eq!(ours, std, "{text:?}");
+        }
     }
 
     #[test]

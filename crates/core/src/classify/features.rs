@@ -492,7 +492,7 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
         if c.is_ascii_alphanumeric() || c == '_' {
             let run = text.as_bytes()[at..]
                 .iter()
-                .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+                .take_while(|&&b| crate::relevance::ASCII_WORD[usize::from(b)])
                 .count();
             if word.is_empty() {
                 word_start = at;
