@@ -304,15 +304,15 @@ struct Pieces<'a> {
 }
 
 impl<'a> Pieces<'a> {
-    /// Whether the character at `self.at` is white space, and its length;
-    /// `None` at the end.
-    fn space_at(&self) -> Option<(bool, usize)> {
-        let &b = self.text.as_bytes().get(self.at)?;
+    /// The length of the character at byte `i` when it is not white
+    /// space; `None` when it is, or at the end.
+    fn visible_at(&self, i: usize) -> Option<usize> {
+        let &b = self.text.as_bytes().get(i)?;
         if b < 0x80 {
-            return Some((matches!(b, b'\t'..=b'\r' | b' '), 1));
+            return (!matches!(b, b'\t'..=b'\r' | b' ')).then_some(1);
         }
-        let c = self.text.get(self.at..)?.chars().next()?;
-        Some((c.is_whitespace(), c.len_utf8()))
+        let c = self.text.get(i..)?.chars().next()?;
+        (!c.is_whitespace()).then_some(c.len_utf8())
     }
 }
 
@@ -320,18 +320,37 @@ impl<'a> Iterator for Pieces<'a> {
     type Item = &'a str;
 
     fn next(&mut self) -> Option<&'a str> {
+        let b = self.text.as_bytes();
+        let mut i = self.at;
+        // Past the white space: ASCII blanks in a tight loop.
         loop {
-            let (space, len) = self.space_at()?;
-            if !space {
-                break;
+            match b.get(i) {
+                None => {
+                    self.at = i;
+                    return None;
+                }
+                Some(&x) if matches!(x, b'\t'..=b'\r' | b' ') => i += 1,
+                Some(&x) if x < 0x80 => break,
+                Some(_) => match self.text.get(i..).and_then(|rest| rest.chars().next()) {
+                    Some(c) if c.is_whitespace() => i += c.len_utf8(),
+                    _ => break,
+                },
             }
-            self.at += len;
         }
-        let start = self.at;
-        while let Some((false, len)) = self.space_at() {
-            self.at += len;
+        let start = i;
+        // To the next white space: ASCII visible bytes in a tight loop.
+        loop {
+            match b.get(i) {
+                Some(&x) if x > b' ' && x < 0x80 => i += 1,
+                Some(_) => match self.visible_at(i) {
+                    Some(len) => i += len,
+                    None => break,
+                },
+                None => break,
+            }
         }
-        self.text.get(start..self.at)
+        self.at = i;
+        self.text.get(start..i)
     }
 }
 
@@ -906,6 +925,7 @@ mod tests {
             "nbsp\u{a0}and\u{2003}em\u{3000}ideographic",
             "naïve café\u{85}next",
             "\u{200b}zero-width is not space",
+            "\u{1}control\u{7f} bytes\u{1f}",
         ] {
             let ours: Vec<&str> = Pieces { text, at: 0 }.collect();
             let std: Vec<&str> = text.split_whitespace().collect();
