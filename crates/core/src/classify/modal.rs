@@ -547,6 +547,14 @@ pub(crate) fn prose_words(text: &str) -> Vec<Word<'_>> {
             });
             word.push(text, at, c, b);
             at = next_at;
+            // The rest of a run of ASCII word bytes: no code starts inside
+            // it (code starts at a backtick).
+            while let Some(&n) = bytes.get(at)
+                && crate::relevance::ASCII_WORD[usize::from(n)]
+            {
+                word.push(text, at, char::from(n), n);
+                at += 1;
+            }
             continue;
         }
         let next = bytes.get(next_at).map(|&n| char_at(text, next_at, n).0);

@@ -119,11 +119,15 @@ impl TermVector {
     /// met, and the keys are sorted and counted after, so no term is
     /// copied.
     pub fn of(text: &str) -> TermVector {
-        let mut keys: Vec<u32> = Vec::new();
+        // A term is two bytes or more, or a digit, and a separator: a
+        // text holds fewer than a third of its length unless digits
+        // stand alone, so the keys are rarely moved as they grow; the
+        // entries never are.
+        let mut keys: Vec<u32> = Vec::with_capacity(text.len() / 3 + 1);
         relevance::for_each_term(text, |word, _, _| keys.push(term_key(cut(word))));
         let length = u32::try_from(keys.len()).unwrap_or(u32::MAX);
         keys.sort_unstable();
-        let mut entries: Vec<u32> = Vec::new();
+        let mut entries: Vec<u32> = Vec::with_capacity(keys.len());
         for key in keys {
             match entries.last_mut() {
                 Some(last) if *last >> 8 == key => {
