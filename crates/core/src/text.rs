@@ -135,7 +135,7 @@ pub(crate) fn anchor_ranges(text: &str) -> Vec<(usize, usize)> {
         let content = inner.trim_matches('`').trim();
         if !content.is_empty() {
             // `content` is a slice of `inner`: where it starts there.
-            let at = start + (content.as_ptr() as usize - inner.as_ptr() as usize);
+            let at = start + (content.as_ptr() as usize).wrapping_sub(inner.as_ptr() as usize);
             found.push((at, cut_chars(content, MAX_ANCHOR_CHARS).trim_end()));
         }
     }
