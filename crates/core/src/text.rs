@@ -329,7 +329,7 @@ impl<'a> Iterator for Pieces<'a> {
                     self.at = i;
                     return None;
                 }
-                Some(&x) if matches!(x, b'\t'..=b'\r' | b' ') => i += 1,
+                Some(&(b'\t'..=b'\r' | b' ')) => i += 1,
                 Some(&x) if x < 0x80 => break,
                 Some(_) => match self.text.get(i..).and_then(|rest| rest.chars().next()) {
                     Some(c) if c.is_whitespace() => i += c.len_utf8(),
