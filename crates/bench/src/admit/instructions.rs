@@ -57,17 +57,16 @@ pub(super) async fn run(args: &AdmitArgs, workload: &Workload) -> Result<(), Fai
     };
     for kind in &args.daemons {
         // The dumps go to a scratch directory unless they are to be kept.
-        let scratch = match &args.instructions_keep {
+        let scratch;
+        let dir: &Path = match &args.instructions_keep {
             Some(dir) => {
                 std::fs::create_dir_all(dir)?;
-                None
+                dir
             }
-            None => Some(tempfile::tempdir()?),
-        };
-        let dir = match (&scratch, &args.instructions_keep) {
-            (Some(scratch), _) => scratch.path(),
-            (None, Some(dir)) => dir.as_path(),
-            (None, None) => return Err("no directory for the callgrind dumps".into()),
+            None => {
+                scratch = tempfile::tempdir()?;
+                scratch.path()
+            }
         };
         let file = dir.join(format!("callgrind.{kind}.out"));
         let wrapper = [
