@@ -33,7 +33,7 @@
 
 use std::collections::HashSet;
 
-use crate::classify::{CodeCursor, analyse, code_ranges, is_word_char, modality_name};
+use crate::classify::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char, modality_name};
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::span::{Modality, Predicate, PredicateSource};
 use crate::text::{chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
@@ -226,14 +226,14 @@ const FILLER_PHRASES: &[&[&str]] = &[
 /// without any modal phrase is taken as a requirement — something pinned
 /// by the caller is at least an invariant to keep.
 pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
-    let analysis = analyse(text);
+    let code = code_ranges(text);
+    let analysis = analyse_in(text, &code);
     let modality = modality
         .or_else(|| analysis.primary().map(|h| h.modality))
         .unwrap_or(Modality::Requirement);
     let mut terms = Terms::default();
 
     // 1. Verbatim code and quotes.
-    let code = code_ranges(text);
     for &(start, end) in &code {
         let content = text[start..end].trim_matches('`').trim();
         terms.push_structured(content);
@@ -554,7 +554,8 @@ pub fn check(
 /// or `None` when there is no such form; deterministic.
 pub fn compress(text: &str, predicate: &Predicate, counter: &dyn TokenCounter) -> Option<String> {
     let original_tokens = counter.count(text);
-    let analysis = analyse(text);
+    let code = code_ranges(text);
+    let analysis = analyse_in(text, &code);
     let mut protected: HashSet<String> = HashSet::new();
     for hit in &analysis.hits {
         for w in &analysis.words[hit.first..=hit.last] {
@@ -566,7 +567,6 @@ pub fn compress(text: &str, predicate: &Predicate, counter: &dyn TokenCounter) -
             protected.insert(term.to_lowercase());
         }
     }
-    let code = code_ranges(text);
     let pieces = pieces(text, &code);
     let mut kept_ranges: Vec<(usize, usize)> = Vec::new();
     // A first pass protects single-word terms; a term of several words

@@ -62,7 +62,7 @@ pub mod model;
 pub mod train;
 mod weights;
 
-pub(crate) use modal::{CodeCursor, analyse, code_ranges, is_word_char};
+pub(crate) use modal::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char};
 pub use modal::{modality_name, modality_of};
 
 use std::fmt::Write as _;

@@ -284,7 +284,12 @@ fn is_report_verb(word: &str) -> bool {
 
 /// Splits a text into prose words and fires the rules on them.
 pub(crate) fn analyse(text: &str) -> Analysis<'_> {
-    let words = prose_words(text);
+    analyse_in(text, &code_ranges(text))
+}
+
+/// [`analyse`], for a caller that has the text's [`code_ranges`] already.
+pub(crate) fn analyse_in<'t>(text: &'t str, code: &[(usize, usize)]) -> Analysis<'t> {
+    let words = prose_words(text, code);
     let suppressed = report_clauses(&words);
     let mut hits = Vec::new();
     let mut consumed = vec![false; words.len()];
@@ -517,13 +522,12 @@ fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
         .map(|p| p + from)
 }
 
-/// The prose words of a text, skipping code.
+/// The prose words of a text, skipping `code` (its [`code_ranges`]).
 ///
 /// A word is borrowed from the text when lower-casing leaves it as it is,
 /// and read a byte at a time while the text is ASCII.
-pub(crate) fn prose_words(text: &str) -> Vec<Word<'_>> {
-    let code = code_ranges(text);
-    let mut in_code = CodeCursor::new(&code);
+fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
+    let mut in_code = CodeCursor::new(code);
     let bytes = text.as_bytes();
     let mut words = Vec::new();
     let mut clause = 0u32;
@@ -774,7 +778,8 @@ mod tests {
 
     #[test]
     fn words_and_code() {
-        let words = prose_words("Don’t use `x y`; a.b\n```\ncode\n``` z");
+        let text = "Don’t use `x y`; a.b\n```\ncode\n``` z";
+        let words = prose_words(text, &code_ranges(text));
         let texts: Vec<&str> = words.iter().map(|w| w.text.as_ref()).collect();
         assert_eq!(texts, ["don't", "use", "a", "b", "z"]);
         assert_eq!(words[2].clause, words[3].clause);
@@ -785,7 +790,8 @@ mod tests {
 
     #[test]
     fn words_are_borrowed_unless_lowering_changes_them() {
-        let words = prose_words("use don't Don’t NEVER naïve ÉTÉ İx straße a_1");
+        let text = "use don't Don’t NEVER naïve ÉTÉ İx straße a_1";
+        let words = prose_words(text, &code_ranges(text));
         let texts: Vec<&str> = words.iter().map(|w| w.text.as_ref()).collect();
         assert_eq!(
             texts,
