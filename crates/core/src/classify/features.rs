@@ -455,7 +455,9 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
     // Inside double quotes: a quotation of several sentences is quoted
     // throughout.
     let mut in_quote = false;
-    let mut chars = text.char_indices().peekable();
+    // Where the next character starts: the text is read from a byte
+    // offset, so a run the loop takes whole is stepped over at once.
+    let mut pos = 0;
     // A word that stands in the text as read (most do) is borrowed from
     // it; any other is copied out once, at its final length. The buffer
     // is kept for the next.
@@ -469,7 +471,9 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
             word.clear();
         }
     };
-    while let Some((at, c)) = chars.next() {
+    while let Some(c) = char_at(text, pos) {
+        let at = pos;
+        pos += c.len_utf8();
         while code_at.peek().is_some_and(|&&(_, end)| end <= at) {
             code_at.next();
         }
@@ -480,9 +484,11 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
             if current.words.last().is_none_or(|w| *w != CODE) {
                 current.push_word(Cow::Borrowed(CODE));
             }
-            // Skip to the end of the code run.
-            while chars.peek().is_some_and(|&(next, _)| next < end) {
-                chars.next();
+            // Skip to the end of the code run: the first character that
+            // starts at or after it.
+            pos = end.clamp(pos, text.len());
+            while !text.is_char_boundary(pos) {
+                pos += 1;
             }
             current.end = end;
             continue;
@@ -500,13 +506,11 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
             let from = word.len();
             word.push_str(&text[at..at + run]);
             word[from..].make_ascii_lowercase();
-            for _ in 1..run {
-                chars.next();
-            }
-            current.end = at + run;
+            pos = at + run;
+            current.end = pos;
             continue;
         }
-        let next = chars.peek().map(|&(_, n)| n);
+        let next = char_at(text, pos);
         if is_word_char(c) {
             if word.is_empty() {
                 word_start = at;
@@ -598,6 +602,17 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
     finish_word(&mut current, &mut word, word_start);
     close(&mut cuts, &mut current, text.len());
     cuts
+}
+
+/// The character that starts at byte `pos` of `text`; `None` at the end
+/// or off a character boundary. ASCII is read without decoding.
+#[inline]
+fn char_at(text: &str, pos: usize) -> Option<char> {
+    match text.as_bytes().get(pos) {
+        Some(&b) if b.is_ascii() => Some(char::from(b)),
+        Some(_) => text.get(pos..).and_then(|rest| rest.chars().next()),
+        None => None,
+    }
 }
 
 fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) {
