@@ -76,11 +76,31 @@ impl Slot {
 }
 
 /// The first [`HEAD`] bytes of `bytes`, zero after its end.
+///
+/// Every copy has a fixed length, so none becomes a call: a shorter
+/// piece is copied as two overlapping fixed-size parts.
 #[inline]
 fn head(bytes: &[u8]) -> [u8; HEAD] {
+    if let Some(first) = bytes.first_chunk::<HEAD>() {
+        return *first;
+    }
     let mut head = [0u8; HEAD];
-    let n = bytes.len().min(HEAD);
-    head[..n].copy_from_slice(&bytes[..n]);
+    let n = bytes.len();
+    match n {
+        8.. => {
+            head[..8].copy_from_slice(&bytes[..8]);
+            head[n - 4..n].copy_from_slice(&bytes[n - 4..]);
+        }
+        4.. => {
+            head[..4].copy_from_slice(&bytes[..4]);
+            head[n - 4..n].copy_from_slice(&bytes[n - 4..]);
+        }
+        _ => {
+            for (h, b) in head.iter_mut().zip(bytes) {
+                *h = *b;
+            }
+        }
+    }
     head
 }
 
@@ -302,6 +322,18 @@ mod tests {
         static V: std::sync::LazyLock<Vocabulary> =
             std::sync::LazyLock::new(|| Vocabulary::o200k_base().expect("the built table"));
         &V
+    }
+
+    #[test]
+    fn a_head_is_the_first_bytes_then_zeros_at_every_length() {
+        let bytes: Vec<u8> = (1..=40).collect();
+        for n in 0..=bytes.len() {
+            let mut expected = [0u8; HEAD];
+            for (i, e) in expected.iter_mut().enumerate().take(n) {
+                *e = bytes[i];
+            }
+            assert_eq!(head(&bytes[..n]), expected, "{n} bytes");
+        }
     }
 
     #[test]
