@@ -464,11 +464,10 @@ pub(crate) fn code_ranges(text: &str) -> Vec<(usize, usize)> {
     }
     let mut out = Vec::new();
     let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] != b'`' {
-            i += 1;
-            continue;
-        }
+    // `i` is always a character boundary: a backtick, or just after one.
+    // The next backtick is found by a byte search, not byte by byte.
+    while let Some(found) = text.get(i..).and_then(|rest| rest.find('`')) {
+        i += found;
         if bytes[i..].starts_with(b"```") {
             let body = i + 3;
             let end = find(bytes, body, b"```").map_or(bytes.len(), |e| e + 3);
