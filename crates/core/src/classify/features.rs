@@ -17,6 +17,7 @@ use std::borrow::Cow;
 
 use super::lexicon::*;
 use super::modal::code_ranges;
+use super::word::{Pending, char_at};
 
 /// One feature of a segment. The discriminant is its index in
 /// [`Features`].
@@ -448,27 +449,18 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
     let mut code_at = code.iter().peekable();
     let mut cuts = Vec::new();
     let mut current = Cut::default();
-    // The word being read, lower-cased; empty between words.
-    let mut word = String::new();
-    // Where it starts in the text.
-    let mut word_start = 0;
+    // The word being read, if any.
+    let mut word: Option<Pending> = None;
     // Inside double quotes: a quotation of several sentences is quoted
     // throughout.
     let mut in_quote = false;
     // Where the next character starts: the text is read from a byte
     // offset, so a run the loop takes whole is stepped over at once.
     let mut pos = 0;
-    // A word that stands in the text as read (most do) is borrowed from
-    // it; any other is copied out once, at its final length. The buffer
-    // is kept for the next.
-    let finish_word = |current: &mut Cut<'t>, word: &mut String, start: usize| {
-        if !word.is_empty() {
-            let read = match text.get(start..start + word.len()) {
-                Some(same) if same == word.as_str() => Cow::Borrowed(same),
-                _ => Cow::Owned(word.as_str().to_owned()),
-            };
-            current.push_word(read);
-            word.clear();
+    // The word read so far ends before `end`.
+    let finish_word = |current: &mut Cut<'t>, word: &mut Option<Pending>, end: usize| {
+        if let Some(w) = word.take() {
+            current.push_word(w.finish(text, end));
         }
     };
     while let Some(c) = char_at(text, pos) {
@@ -480,7 +472,7 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
         if let Some(&&(start, end)) = code_at.peek()
             && start <= at
         {
-            finish_word(&mut current, &mut word, word_start);
+            finish_word(&mut current, &mut word, at);
             if current.words.last().is_none_or(|w| *w != CODE) {
                 current.push_word(Cow::Borrowed(CODE));
             }
@@ -500,36 +492,38 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
                 .iter()
                 .take_while(|&&b| crate::relevance::ASCII_WORD[usize::from(b)])
                 .count();
-            if word.is_empty() {
-                word_start = at;
-            }
-            let from = word.len();
-            word.push_str(&text[at..at + run]);
-            word[from..].make_ascii_lowercase();
+            word.get_or_insert_with(|| Pending::at(at)).push_ascii(
+                text,
+                at,
+                text.get(at..at + run).unwrap_or_default(),
+            );
             pos = at + run;
             current.end = pos;
             continue;
         }
         let next = char_at(text, pos);
         if is_word_char(c) {
-            if word.is_empty() {
-                word_start = at;
-            }
-            word.extend(c.to_lowercase());
+            word.get_or_insert_with(|| Pending::at(at)).push(text, at, c);
             current.end = at + c.len_utf8();
             continue;
         }
-        if is_apostrophe(c) && next.is_some_and(is_word_char) && !word.is_empty() {
-            word.push('\'');
+        if is_apostrophe(c)
+            && next.is_some_and(is_word_char)
+            && let Some(w) = word.as_mut()
+        {
+            w.push_apostrophe(text, at, c);
             continue;
         }
         // "package.json", "os.path", "v1.2" are one word.
-        if c == '.' && next.is_some_and(is_word_char) && !word.is_empty() {
-            word.push('.');
+        if c == '.'
+            && next.is_some_and(is_word_char)
+            && let Some(w) = word.as_mut()
+        {
+            w.push(text, at, c);
             current.end = at + 1;
             continue;
         }
-        finish_word(&mut current, &mut word, word_start);
+        finish_word(&mut current, &mut word, at);
         let boundary_space = next.is_none_or(char::is_whitespace);
         match c {
             '\n' | ';' => {
@@ -599,20 +593,9 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
             current.end = at + c.len_utf8();
         }
     }
-    finish_word(&mut current, &mut word, word_start);
+    finish_word(&mut current, &mut word, text.len());
     close(&mut cuts, &mut current, text.len());
     cuts
-}
-
-/// The character that starts at byte `pos` of `text`; `None` at the end
-/// or off a character boundary. ASCII is read without decoding.
-#[inline]
-fn char_at(text: &str, pos: usize) -> Option<char> {
-    match text.as_bytes().get(pos) {
-        Some(&b) if b.is_ascii() => Some(char::from(b)),
-        Some(_) => text.get(pos..).and_then(|rest| rest.chars().next()),
-        None => None,
-    }
 }
 
 fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) {

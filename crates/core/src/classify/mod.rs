@@ -61,6 +61,7 @@ mod modal;
 pub mod model;
 pub mod train;
 mod weights;
+mod word;
 
 pub(crate) use modal::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char};
 pub use modal::{modality_name, modality_of};

@@ -31,6 +31,7 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+use super::word::{Pending, char_at};
 use crate::span::Modality;
 
 /// The modality a text expresses; `None` when no rule fires.
@@ -533,8 +534,8 @@ fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
     let mut after_comma = false;
     let mut current: Option<Pending> = None;
     let mut at = 0;
-    while let Some(&b) = bytes.get(at) {
-        let (c, len) = char_at(text, at, b);
+    while let Some(c) = char_at(text, at) {
+        let len = c.len_utf8();
         if in_code.contains(at) {
             if let Some(w) = current.take() {
                 push_word(&mut words, w.finish(text, at), clause, &mut after_comma);
@@ -543,35 +544,30 @@ fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
             continue;
         }
         let next_at = at + len;
-        if is_word_char_at(c, b) {
-            let word = current.get_or_insert(Pending {
-                start: at,
-                owned: None,
-            });
-            word.push(text, at, c, b);
+        if is_word_char_at(c) {
+            let word = current.get_or_insert_with(|| Pending::at(at));
+            word.push(text, at, c);
             at = next_at;
             // The rest of a run of ASCII word bytes: no code starts inside
             // it (code starts at a backtick).
-            while let Some(&n) = bytes.get(at)
-                && crate::relevance::ASCII_WORD[usize::from(n)]
-            {
-                word.push(text, at, char::from(n), n);
-                at += 1;
+            let run = bytes
+                .get(at..)
+                .unwrap_or_default()
+                .iter()
+                .take_while(|&&n| crate::relevance::ASCII_WORD[usize::from(n)])
+                .count();
+            if run > 0 {
+                word.push_ascii(text, at, text.get(at..at + run).unwrap_or_default());
+                at += run;
             }
             continue;
         }
-        let next = bytes.get(next_at).map(|&n| char_at(text, next_at, n).0);
+        let next = char_at(text, next_at);
         if is_apostrophe(c)
             && next.is_some_and(is_word_char)
             && let Some(word) = current.as_mut()
         {
-            if c != '\'' {
-                word.owned
-                    .get_or_insert_with(|| text.get(word.start..at).unwrap_or_default().to_owned())
-                    .push('\'');
-            } else if let Some(owned) = word.owned.as_mut() {
-                owned.push('\'');
-            }
+            word.push_apostrophe(text, at, c);
             at = next_at;
             continue;
         }
@@ -598,65 +594,11 @@ fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
     words
 }
 
-/// A word being read: where it starts, and its lower-cased form once that
-/// differs from the text.
-struct Pending {
-    start: usize,
-    owned: Option<String>,
-}
-
-impl Pending {
-    /// Adds the word character `c` (whose first byte, at `at`, is `b`).
-    fn push(&mut self, text: &str, at: usize, c: char, b: u8) {
-        if let Some(owned) = self.owned.as_mut() {
-            if b < 0x80 {
-                owned.push(char::from(b.to_ascii_lowercase()));
-            } else {
-                owned.extend(c.to_lowercase());
-            }
-            return;
-        }
-        let unchanged = if b < 0x80 {
-            !b.is_ascii_uppercase()
-        } else {
-            let mut lower = c.to_lowercase();
-            lower.len() == 1 && lower.next() == Some(c)
-        };
-        if !unchanged {
-            let mut owned = text.get(self.start..at).unwrap_or_default().to_owned();
-            owned.extend(c.to_lowercase());
-            self.owned = Some(owned);
-        }
-    }
-
-    /// The word, which ends before byte `end`.
-    fn finish(self, text: &str, end: usize) -> Cow<'_, str> {
-        match self.owned {
-            Some(owned) => Cow::Owned(owned),
-            None => Cow::Borrowed(text.get(self.start..end).unwrap_or_default()),
-        }
-    }
-}
-
-/// The character at byte `at` of `text`, whose first byte is `b`, and its
-/// length in bytes.
-fn char_at(text: &str, at: usize, b: u8) -> (char, usize) {
-    if b < 0x80 {
-        return (char::from(b), 1);
-    }
-    match text.get(at..).and_then(|rest| rest.chars().next()) {
-        Some(c) => (c, c.len_utf8()),
-        // Not reached: `at` is always a character boundary.
-        None => (char::REPLACEMENT_CHARACTER, 1),
-    }
-}
-
 /// [`is_word_char`], answered from a table for ASCII.
-fn is_word_char_at(c: char, b: u8) -> bool {
-    if b < 0x80 {
-        crate::relevance::ASCII_WORD[usize::from(b)]
-    } else {
-        c.is_alphanumeric()
+fn is_word_char_at(c: char) -> bool {
+    match u8::try_from(c) {
+        Ok(b) if b.is_ascii() => crate::relevance::ASCII_WORD[usize::from(b)],
+        _ => c.is_alphanumeric(),
     }
 }
 
