@@ -361,7 +361,10 @@ impl LiveFacts {
 
     /// Derives the facts of `span`, counting its words in the totals.
     fn derive(&mut self, span: &Span) -> SpanFacts {
-        let mut terms: Vec<(u32, u32)> = Vec::new();
+        // About one distinct counted word per eight bytes of a short text,
+        // so the list is rarely moved as it grows; a long text repeats its
+        // words, and its list grows past the cap as it needs.
+        let mut terms: Vec<(u32, u32)> = Vec::with_capacity((span.text.len() / 8).clamp(4, 512));
         let mut at: FastMap<u32, usize> = fasthash::map(0);
         let words = for_each_counted_word(&span.text, |w| {
             let id = self.words.intern(w);
