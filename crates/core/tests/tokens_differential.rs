@@ -82,8 +82,52 @@ fn a_varied_corpus_counts_identically() {
     }
 }
 
+/// A bounded count answers exactly what the count does: the count when it
+/// is within the limit, `None` past it, for every counter.
+fn assert_bounded_count_agrees(text: &str, limit: u32) {
+    for kind in [
+        TokenizerKind::O200kBase,
+        TokenizerKind::Cl100kBase,
+        TokenizerKind::Client,
+    ] {
+        let c = counter(kind);
+        let n = c.count(text);
+        let want = (n <= limit).then_some(n);
+        assert_eq!(c.count_within(text, limit), want, "{kind:?}, limit {limit}, on {text:?}");
+        // At the count itself and one below it.
+        assert_eq!(c.count_within(text, n), Some(n), "{kind:?} on {text:?}");
+        if n > 0 {
+            assert_eq!(c.count_within(text, n - 1), None, "{kind:?} on {text:?}");
+        }
+    }
+}
+
+#[test]
+fn a_bounded_count_stops_at_its_limit() {
+    let long = "a".repeat(5_000);
+    for text in [
+        "",
+        "hello",
+        "Never write to the `prod` namespace; stage only.",
+        "error[E0425]: cannot find value `foo` in this scope\n --> src/main.rs:2:5",
+        long.as_str(),
+    ] {
+        for limit in [0, 1, 2, 5, 10, 100, u32::MAX] {
+            assert_bounded_count_agrees(text, limit);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_bounded_count_agrees_with_the_count(
+        text in "([a-zA-Z]{1,9}|[0-9]{1,5}|[ .,:;|/`'-]{1,3}|\\n|日本語| ){0,80}",
+        limit in 0u32..120,
+    ) {
+        assert_bounded_count_agrees(&text, limit);
+    }
 
     #[test]
     fn arbitrary_strings_count_identically(text in any::<String>()) {

@@ -40,6 +40,14 @@ pub const MERGED_MAX: usize = 4096;
 pub trait TokenCounter: Send + Sync + std::fmt::Debug {
     /// The number of tokens of `text`, saturating at `u32::MAX`.
     fn count(&self, text: &str) -> u32;
+
+    /// [`TokenCounter::count`] when it is at most `limit`, else `None`:
+    /// whether a text fits, answered without counting past the limit
+    /// where the counter can stop early.
+    fn count_within(&self, text: &str, limit: u32) -> Option<u32> {
+        let n = self.count(text);
+        (n <= limit).then_some(n)
+    }
 }
 
 /// Exact counts for one of the embedded OpenAI encodings.
@@ -104,6 +112,33 @@ impl TokenCounter for BpeCounter {
             None => (self.tokenizer)().count(text),
         };
         saturate(n)
+    }
+
+    fn count_within(&self, text: &str, limit: u32) -> Option<u32> {
+        let o200k = match self.pieces {
+            Pieces::O200k => o200k_split::split(text).zip(O200K_VOCABULARY.as_ref()),
+            Pieces::Tokenizer => None,
+        };
+        let Some((pieces, vocabulary)) = o200k else {
+            let n = self.count(text);
+            return (n <= limit).then_some(n);
+        };
+        // Pieces are counted one by one, so the count stops at the first
+        // piece that takes it past the limit.
+        let mut n = 0u32;
+        for piece in pieces {
+            let bytes = piece.as_bytes();
+            let tokens = if bytes.len() <= MERGED_MAX {
+                vocabulary.count(bytes)
+            } else {
+                (self.tokenizer)().bpe.count(bytes)
+            };
+            n = n.saturating_add(saturate(tokens));
+            if n > limit {
+                return None;
+            }
+        }
+        Some(n)
     }
 }
 
