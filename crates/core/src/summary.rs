@@ -186,7 +186,8 @@ pub(crate) fn summarize_owing(
     };
     let kept = writer.choose_anchors(&candidates);
     let mut rendered: Vec<String> = kept.iter().map(|&i| candidates[i].clone()).collect();
-    let mut dropped = candidates.len() - carried(&candidates, &rendered, &[]).len();
+    let carried_by_anchors = carried(&candidates, &rendered, &[]);
+    let mut dropped = candidates.len() - carried_by_anchors.len();
 
     let originals: Vec<&Span> = evicted.iter().copied().filter(|s| !is_summary(s)).collect();
     let used = writer.measure(&rendered, &[], dropped);
@@ -196,14 +197,30 @@ pub(crate) fn summarize_owing(
     // Pieces were counted one by one; the final text is what counts. Trim
     // from the end until it fits (sentences first, then anchors).
     let mut text = writer.render(&rendered, &sentences, dropped);
-    let mut tokens = counter.count(&text);
+    // Without sentences the text is the one just measured.
+    let mut tokens = if sentences.is_empty() {
+        used
+    } else {
+        counter.count(&text)
+    };
+    // Whether anything rendered was taken out again.
+    let mut trimmed = false;
+    // The rendered anchors' ranks, once an anchor has to be dropped.
+    let mut ranks: Option<Vec<u8>> = None;
     while tokens > max_tokens {
+        trimmed = true;
         let over = tokens - max_tokens;
         let mut freed = 0u32;
         while freed < over {
             if let Some(s) = sentences.pop() {
                 freed = freed.saturating_add(counter.count(&s).saturating_add(2));
-            } else if let Some(next) = least_valuable(&rendered) {
+            } else if let Some(next) = least_valuable(
+                &rendered,
+                ranks.get_or_insert_with(|| rendered.iter().map(|a| anchor_rank(a)).collect()),
+            ) {
+                if let Some(ranks) = ranks.as_mut() {
+                    ranks.remove(next);
+                }
                 let a = rendered.remove(next);
                 dropped += 1;
                 freed = freed.saturating_add(counter.count(&a).saturating_add(2));
@@ -223,6 +240,9 @@ pub(crate) fn summarize_owing(
     // rewritten when its count changes and the new one still fits.
     let anchors = if text.is_empty() {
         Vec::new()
+    } else if sentences.is_empty() && !trimmed {
+        // The same pieces as when the drop count was first taken.
+        carried_by_anchors
     } else {
         carried(&candidates, &rendered, &sentences)
     };
@@ -265,9 +285,12 @@ fn carried(candidates: &[String], rendered: &[String], sentences: &[String]) -> 
             .map(String::as_str)
             .collect::<Vec<_>>()
             .join("\n");
+        // A rendered anchor stands in the text as it is: only the others
+        // are searched for.
+        let shown: FastSet<&str> = rendered.iter().map(String::as_str).collect();
         return candidates
             .iter()
-            .filter(|c| body.contains(c.as_str()))
+            .filter(|c| shown.contains(c.as_str()) || body.contains(c.as_str()))
             .cloned()
             .collect();
     }
@@ -305,17 +328,26 @@ fn keep_key(
     anchors: &[String],
     i: usize,
 ) -> (u8, std::cmp::Reverse<usize>, std::cmp::Reverse<usize>) {
-    let a = &anchors[i];
+    ranked_key(anchors, anchor_rank(&anchors[i]), i)
+}
+
+/// [`keep_key`], with the anchor's rank already known.
+fn ranked_key(
+    anchors: &[String],
+    rank: u8,
+    i: usize,
+) -> (u8, std::cmp::Reverse<usize>, std::cmp::Reverse<usize>) {
     (
-        anchor_rank(a),
-        std::cmp::Reverse(a.len()),
+        rank,
+        std::cmp::Reverse(anchors[i].len()),
         std::cmp::Reverse(i),
     )
 }
 
-/// The index of the anchor to drop next.
-fn least_valuable(anchors: &[String]) -> Option<usize> {
-    (0..anchors.len()).min_by_key(|&i| keep_key(anchors, i))
+/// The index of the anchor to drop next; `ranks` holds each anchor's
+/// [`anchor_rank`].
+fn least_valuable(anchors: &[String], ranks: &[u8]) -> Option<usize> {
+    (0..anchors.len().min(ranks.len())).min_by_key(|&i| ranked_key(anchors, ranks[i], i))
 }
 
 struct Writer<'a> {
@@ -387,7 +419,13 @@ impl Writer<'_> {
         if bytes <= u64::from(room) {
             return (0..candidates.len()).collect();
         }
-        if bytes <= 16 * u64::from(room) && self.counter.count(&candidates.join(" | ")) <= room {
+        // Counting stops where the list stops fitting.
+        if bytes <= 16 * u64::from(room)
+            && self
+                .counter
+                .count_within(&candidates.join(" | "), room)
+                .is_some()
+        {
             return (0..candidates.len()).collect();
         }
         // Each key classifies its anchor (error line, path, ...): compute
@@ -401,12 +439,16 @@ impl Writer<'_> {
             if inside.contains(&candidates[i]) {
                 continue;
             }
-            let cost = self.counter.count(&candidates[i]).saturating_add(2);
-            if cost > room {
-                // A shorter anchor further down may still fit.
+            // An anchor costs its tokens and a separator's two; one that
+            // does not fit is not counted to its end. A shorter anchor
+            // further down may still fit.
+            let Some(tokens) = room
+                .checked_sub(2)
+                .and_then(|left| self.counter.count_within(&candidates[i], left))
+            else {
                 continue;
-            }
-            room -= cost;
+            };
+            room -= tokens + 2;
             kept.push(i);
             inside.extend(extract_anchors(&candidates[i]));
         }
@@ -462,9 +504,12 @@ fn choose_sentences(
     let mut misses = 0;
     let mut chosen = Vec::new();
     for i in order {
-        let cost = counter.count(&candidates[i].text).saturating_add(2);
-        if cost <= left {
-            left -= cost;
+        // A sentence costs its tokens and two for its line's marker.
+        let fits = left
+            .checked_sub(2)
+            .and_then(|room| counter.count_within(&candidates[i].text, room));
+        if let Some(tokens) = fits {
+            left -= tokens + 2;
             chosen.push(i);
             misses = 0;
         } else {
