@@ -93,7 +93,11 @@ fn assert_bounded_count_agrees(text: &str, limit: u32) {
         let c = counter(kind);
         let n = c.count(text);
         let want = (n <= limit).then_some(n);
-        assert_eq!(c.count_within(text, limit), want, "{kind:?}, limit {limit}, on {text:?}");
+        assert_eq!(
+            c.count_within(text, limit),
+            want,
+            "{kind:?}, limit {limit}, on {text:?}"
+        );
         // At the count itself and one below it.
         assert_eq!(c.count_within(text, n), Some(n), "{kind:?} on {text:?}");
         if n > 0 {

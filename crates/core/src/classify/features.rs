@@ -503,7 +503,8 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
         }
         let next = char_at(text, pos);
         if is_word_char(c) {
-            word.get_or_insert_with(|| Pending::at(at)).push(text, at, c);
+            word.get_or_insert_with(|| Pending::at(at))
+                .push(text, at, c);
             current.end = at + c.len_utf8();
             continue;
         }
