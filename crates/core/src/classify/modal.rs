@@ -525,7 +525,7 @@ fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
 /// The prose words of a text, skipping `code` (its [`code_ranges`]).
 ///
 /// A word is borrowed from the text when lower-casing leaves it as it is,
-/// and read a byte at a time while the text is ASCII.
+/// and a run of ASCII word bytes is taken in one step.
 fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
     let mut in_code = CodeCursor::new(code);
     let bytes = text.as_bytes();

@@ -89,6 +89,18 @@ impl BpeCounter {
     }
 }
 
+impl BpeCounter {
+    /// The tokens of one o200k_base piece: merged with `vocabulary` up to
+    /// [`MERGED_MAX`] bytes, by the linear encoder past it.
+    fn piece_count(&self, vocabulary: &Vocabulary, bytes: &[u8]) -> usize {
+        if bytes.len() <= MERGED_MAX {
+            vocabulary.count(bytes)
+        } else {
+            (self.tokenizer)().bpe.count(bytes)
+        }
+    }
+}
+
 impl TokenCounter for BpeCounter {
     fn count(&self, text: &str) -> u32 {
         if text.is_empty() {
@@ -100,14 +112,7 @@ impl TokenCounter for BpeCounter {
         };
         let n = match o200k {
             Some((pieces, vocabulary)) => pieces
-                .map(|p| {
-                    let bytes = p.as_bytes();
-                    if bytes.len() <= MERGED_MAX {
-                        vocabulary.count(bytes)
-                    } else {
-                        (self.tokenizer)().bpe.count(bytes)
-                    }
-                })
+                .map(|p| self.piece_count(vocabulary, p.as_bytes()))
                 .sum(),
             None => (self.tokenizer)().count(text),
         };
@@ -127,13 +132,7 @@ impl TokenCounter for BpeCounter {
         // piece that takes it past the limit.
         let mut n = 0u32;
         for piece in pieces {
-            let bytes = piece.as_bytes();
-            let tokens = if bytes.len() <= MERGED_MAX {
-                vocabulary.count(bytes)
-            } else {
-                (self.tokenizer)().bpe.count(bytes)
-            };
-            n = n.saturating_add(saturate(tokens));
+            n = n.saturating_add(saturate(self.piece_count(vocabulary, piece.as_bytes())));
             if n > limit {
                 return None;
             }
