@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use crate::classify::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char, modality_name};
 use crate::fasthash::{self, FastMap, FastSet};
 use crate::span::{Modality, Predicate, PredicateSource};
-use crate::text::{chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
+use crate::text::{char_at, chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
 use crate::tokens::TokenCounter;
 
 /// The most verbatim and code-like terms a derived predicate requires.
@@ -430,7 +430,7 @@ fn quoted_strings<'a>(text: &'a str, code: &[(usize, usize)]) -> Vec<&'a str> {
         if !matches!(b, b'\n' | b'"' | 0xe2) {
             continue;
         }
-        let Some(c) = text.get(i..).and_then(|rest| rest.chars().next()) else {
+        let Some(c) = char_at(text, i) else {
             continue;
         };
         if in_code.contains(i) {

@@ -29,7 +29,7 @@
 //! Plain English words, plain numbers, acronyms and plain kebab-case
 //! (`well-known`) are not anchors.
 
-use crate::classify::{code_ranges, is_word_char};
+use crate::classify::{code_ranges, is_word_char, is_word_char_at};
 use crate::fasthash::{self, FastSet};
 use crate::span::Span;
 
@@ -197,19 +197,25 @@ fn error_stem_at(b: &[u8], from: usize) -> Option<usize> {
     })
 }
 
+/// The character that starts at byte `at` of `text`; `None` at the end or
+/// off a character boundary. ASCII is read without decoding.
+#[inline]
+pub(crate) fn char_at(text: &str, at: usize) -> Option<char> {
+    match text.as_bytes().get(at) {
+        Some(&b) if b.is_ascii() => Some(char::from(b)),
+        Some(_) => text.get(at..).and_then(|rest| rest.chars().next()),
+        None => None,
+    }
+}
+
 /// The byte range of the first word of `text` that starts at or after
 /// `from`: a maximal run of [`is_word_char`] characters. ASCII bytes are
 /// told by a table; only other characters are decoded.
 fn next_word(text: &str, from: usize) -> Option<(usize, usize)> {
-    let b = text.as_bytes();
     // Whether the character at `i` is a word character, and its width.
     let is_word_at = |i: usize| {
-        let &c = b.get(i)?;
-        if c < 0x80 {
-            return Some((crate::relevance::ASCII_WORD[usize::from(c)], 1));
-        }
-        let c = text.get(i..)?.chars().next()?;
-        Some((is_word_char(c), c.len_utf8()))
+        let c = char_at(text, i)?;
+        Some((is_word_char_at(c), c.len_utf8()))
     };
     let mut start = from;
     loop {
@@ -307,11 +313,7 @@ impl<'a> Pieces<'a> {
     /// The length of the character at byte `i` when it is not white
     /// space; `None` when it is, or at the end.
     fn visible_at(&self, i: usize) -> Option<usize> {
-        let &b = self.text.as_bytes().get(i)?;
-        if b < 0x80 {
-            return (!matches!(b, b'\t'..=b'\r' | b' ')).then_some(1);
-        }
-        let c = self.text.get(i..)?.chars().next()?;
+        let c = char_at(self.text, i)?;
         (!c.is_whitespace()).then_some(c.len_utf8())
     }
 }
@@ -331,7 +333,7 @@ impl<'a> Iterator for Pieces<'a> {
                 }
                 Some(&(b'\t'..=b'\r' | b' ')) => i += 1,
                 Some(&x) if x < 0x80 => break,
-                Some(_) => match self.text.get(i..).and_then(|rest| rest.chars().next()) {
+                Some(_) => match char_at(self.text, i) {
                     Some(c) if c.is_whitespace() => i += c.len_utf8(),
                     _ => break,
                 },

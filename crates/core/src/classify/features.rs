@@ -16,8 +16,9 @@
 use std::borrow::Cow;
 
 use super::lexicon::*;
-use super::modal::code_ranges;
-use super::word::{Pending, char_at};
+use super::modal::{code_ranges, is_word_char};
+use super::word::Pending;
+use crate::text::char_at;
 
 /// One feature of a segment. The discriminant is its index in
 /// [`Features`].
@@ -424,10 +425,6 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
         });
     out.extend(described);
     out
-}
-
-fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
 }
 
 /// Whether the character at `at` opens a word: at the start, or after

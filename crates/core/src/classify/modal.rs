@@ -31,8 +31,9 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use super::word::{Pending, char_at};
+use super::word::Pending;
 use crate::span::Modality;
+use crate::text::char_at;
 
 /// The modality a text expresses; `None` when no rule fires.
 ///
@@ -451,6 +452,14 @@ pub(crate) fn is_word_char(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
+/// [`is_word_char`], answered from a table for ASCII.
+pub(crate) fn is_word_char_at(c: char) -> bool {
+    match u8::try_from(c) {
+        Ok(b) if b.is_ascii() => crate::relevance::ASCII_WORD[usize::from(b)],
+        _ => c.is_alphanumeric(),
+    }
+}
+
 fn is_apostrophe(c: char) -> bool {
     matches!(c, '\'' | '\u{2019}' | '\u{2018}')
 }
@@ -592,14 +601,6 @@ fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
         );
     }
     words
-}
-
-/// [`is_word_char`], answered from a table for ASCII.
-fn is_word_char_at(c: char) -> bool {
-    match u8::try_from(c) {
-        Ok(b) if b.is_ascii() => crate::relevance::ASCII_WORD[usize::from(b)],
-        _ => c.is_alphanumeric(),
-    }
 }
 
 fn push_word<'a>(

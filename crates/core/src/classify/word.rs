@@ -8,17 +8,6 @@
 
 use std::borrow::Cow;
 
-/// The character that starts at byte `at` of `text`; `None` at the end or
-/// off a character boundary. ASCII is read without decoding.
-#[inline]
-pub(super) fn char_at(text: &str, at: usize) -> Option<char> {
-    match text.as_bytes().get(at) {
-        Some(&b) if b.is_ascii() => Some(char::from(b)),
-        Some(_) => text.get(at..).and_then(|rest| rest.chars().next()),
-        None => None,
-    }
-}
-
 /// A word being read: where it starts in the text, and its lower-cased
 /// form once that differs from the text.
 #[derive(Debug)]
@@ -104,6 +93,7 @@ impl Pending {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::text::char_at;
 
     /// Reads `text` as one word: ASCII letters in runs, other characters
     /// one at a time, `'`, `‘` and `’` as apostrophes.
