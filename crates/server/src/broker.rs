@@ -904,10 +904,6 @@ impl Broker {
     }
 }
 
-/// The change in the text bytes a session holds that `change` makes:
-/// appended spans and a summary add theirs; a span rewritten in place
-/// (compressed, pinned) adds the difference; an evicted span keeps its
-/// bytes, in the archive.
 /// Refuses a request made against another revision than the session's.
 fn check_expected(loaded: &Loaded, expected: Option<u64>) -> Result<(), ApiError> {
     let actual = loaded.session.record.revision;
@@ -921,6 +917,10 @@ fn check_expected(loaded: &Loaded, expected: Option<u64>) -> Result<(), ApiError
     }
 }
 
+/// The change in the text bytes a session holds that `change` makes:
+/// appended spans and a summary add theirs; a span rewritten in place
+/// (compressed, pinned) adds the difference; an evicted span keeps its
+/// bytes, in the archive.
 fn text_delta(loaded: &Loaded, change: &Change) -> i64 {
     let bytes = |span: &Span| i64::try_from(ctxbroker_store::text_bytes(span)).unwrap_or(i64::MAX);
     let mut delta: i64 = change.append.iter().map(bytes).sum();
