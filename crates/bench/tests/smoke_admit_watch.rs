@@ -244,6 +244,8 @@ fn admit_split_prints_every_stage_for_every_size() {
         "50",
         "--split-warmup",
         "5",
+        "--split-mix-turns",
+        "40",
     ]);
     let header = out
         .lines()
@@ -287,6 +289,29 @@ fn admit_split_prints_every_stage_for_every_size() {
         "{out}"
     );
     assert!(out.contains("wall-clock time only"), "{out}");
+    // The per-byte table: every stage, then the sum of the daemon's four.
+    assert!(out.contains("passes over 40 turns"), "{out}");
+    let stages = [
+        "count (o200k_base)",
+        "facts' seed (texts of 1 KiB or more)",
+        "term vector",
+        "facts read from the seeds",
+        "facts derived from the text (reference)",
+    ];
+    let mut per_byte = Vec::new();
+    for stage in stages {
+        let cells = row(&out, stage, None);
+        assert_eq!(cells.len(), 3, "{cells:?}");
+        let (ns, us) = (number(cells[1]), number(cells[2]));
+        assert!(ns > 0.0 && us > 0.0, "{cells:?}");
+        per_byte.push(ns);
+    }
+    let cells = row(&out, "an admission's four stages above", None);
+    let sum: f64 = per_byte[..4].iter().sum();
+    assert!(
+        (number(cells[1]) - sum).abs() <= 0.03,
+        "{cells:?} against {per_byte:?}"
+    );
     // Only the split: no daemon row.
     assert!(!out.contains("no-op GetServerInfo"), "{out}");
 }

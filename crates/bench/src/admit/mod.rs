@@ -41,11 +41,14 @@
 //! in process, its path cut into parse, count, classify, plan, write,
 //! apply and encode, on sessions of 1k, 10k and 100k live spans, to show
 //! that the cost of an admission that fits does not grow with the
-//! session.
+//! session. Then the work that grows with a turn's size (`per_byte.rs`):
+//! counting, the facts' seed, the term vector and the facts, per byte of
+//! the mix's turns.
 
 mod flat;
 mod instructions;
 mod load;
+pub mod per_byte;
 mod redis;
 pub mod split;
 pub(crate) mod workload;
@@ -142,6 +145,9 @@ pub struct AdmitArgs {
     /// Admissions per size before those, not recorded.
     #[arg(long, default_value_t = 200)]
     pub split_warmup: usize,
+    /// Turns of the mix the split's per-byte table reads (0 skips it).
+    #[arg(long, default_value_t = 4096)]
+    pub split_mix_turns: usize,
     /// Skip the rows of the daemon's CPU per admission that fits, against
     /// the session's size.
     #[arg(long, conflicts_with = "split_only")]
@@ -223,6 +229,15 @@ impl AdmitArgs {
         Duration::from_secs_f64((self.duration / self.rounds.max(1) as f64).max(0.05))
     }
 
+    /// The turn mix the flags ask for.
+    fn mix(&self) -> Mix {
+        Mix {
+            max_tool_tokens: self.max_tool_tokens,
+            constraint_every: self.constraint_every,
+            ..Mix::default()
+        }
+    }
+
     /// What the split measures.
     fn split(&self) -> SplitPlan {
         SplitPlan {
@@ -230,6 +245,8 @@ impl AdmitArgs {
             admissions: self.split_admissions,
             warmup: self.split_warmup,
             chunk: self.split_chunk,
+            mix: self.mix(),
+            mix_turns: self.split_mix_turns,
         }
     }
 }
@@ -387,11 +404,7 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
         return Err("--clients, --sessions, --connections and --rounds must be at least 1".into());
     }
     let started = Instant::now();
-    let workload = Arc::new(Workload::generate(Mix {
-        max_tool_tokens: args.max_tool_tokens,
-        constraint_every: args.constraint_every,
-        ..Mix::default()
-    }));
+    let workload = Arc::new(Workload::generate(args.mix()));
     if args.instructions {
         return instructions::run(args, &workload).await;
     }

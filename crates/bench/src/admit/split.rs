@@ -63,6 +63,8 @@ use ctxbroker_server::validate;
 use ctxbroker_store::{Durability, SpanState, Store, StoreOptions, WriteOp};
 use prost::Message;
 
+use super::per_byte;
+use super::workload::{Mix, Workload};
 use crate::common::{Failure, Quantiles};
 
 /// The stages, in the order an admission runs them.
@@ -96,6 +98,10 @@ pub struct SplitPlan {
     pub warmup: usize,
     /// Recorded admissions a size makes before the next size's turn.
     pub chunk: usize,
+    /// The mix whose turns the per-byte table reads.
+    pub mix: Mix,
+    /// How many of its turns it reads; none skips the table.
+    pub mix_turns: usize,
 }
 
 /// One size's figures.
@@ -128,12 +134,22 @@ pub async fn section(plan: SplitPlan) -> Result<(), Failure> {
     let printed = plan.clone();
     let thread = std::thread::Builder::new()
         .name("ctxbroker-bench-split".into())
-        .spawn(move || measure_all(&plan))
+        .spawn(move || {
+            let rows = measure_all(&plan)?;
+            let per_byte = match plan.mix_turns {
+                0 => None,
+                turns => Some(per_byte::measure(&Workload::generate(plan.mix), turns)?),
+            };
+            Ok::<_, Failure>((rows, per_byte))
+        })
         .map_err(|err| format!("starting the split's thread: {err}"))?;
-    let rows = tokio::task::spawn_blocking(move || thread.join())
+    let (rows, per_byte) = tokio::task::spawn_blocking(move || thread.join())
         .await?
         .map_err(|_| "the split's thread panicked")??;
     print(&rows, &printed);
+    if let Some(figures) = per_byte {
+        per_byte::print(&figures);
+    }
     Ok(())
 }
 
