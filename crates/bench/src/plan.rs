@@ -657,7 +657,7 @@ fn tool_outputs(n: usize, c: &dyn TokenCounter) -> Session {
 /// A span as the daemon would have admitted it: counted with `c`, user
 /// and system text classified by the rules, constraints with a derived
 /// predicate.
-fn admitted(id: u64, turn: u64, role: Role, text: String, c: &dyn TokenCounter) -> Span {
+pub(crate) fn admitted(id: u64, turn: u64, role: Role, text: String, c: &dyn TokenCounter) -> Span {
     let classification = classify(role, &text);
     let predicate = (classification.class == SpanClass::Constraint)
         .then(|| predicate::derive(&text, ctxbroker_core::modality_of(&text)));

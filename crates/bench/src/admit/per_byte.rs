@@ -9,8 +9,8 @@ use std::time::Instant;
 use ctxbroker_core::config::TokenizerKind;
 use ctxbroker_core::facts::{self, LiveFacts};
 use ctxbroker_core::search::TermVector;
-use ctxbroker_core::span::{ClassSource, Classification, Role, Span, SpanClass};
-use ctxbroker_core::tokens;
+use ctxbroker_core::span::{Role, Span};
+use ctxbroker_core::tokens::{self, TokenCounter};
 use ctxbroker_proto::v1 as pb;
 
 use super::workload::Workload;
@@ -44,33 +44,18 @@ pub struct PerByte {
     pub ns_per_byte: [f64; STAGES.len()],
 }
 
-/// The first `turns` turns of the mix's pool as admitted spans.
-fn spans(workload: &Workload, turns: usize) -> Vec<Span> {
-    let classification = Classification {
-        class: SpanClass::Narrative,
-        source: ClassSource::Rules,
-        rule: String::new(),
-    };
+/// The first `turns` turns of the mix's pool as admitted spans,
+/// classified by the rules.
+fn spans(workload: &Workload, turns: usize, counter: &dyn TokenCounter) -> Vec<Span> {
     (workload.pool.iter().take(turns).enumerate())
-        .map(|(n, turn)| Span {
-            id: n as u64 + 1,
-            position: n as u64 + 1,
-            role: match turn.role {
+        .map(|(n, turn)| {
+            let role = match turn.role {
                 pb::Role::Tool => Role::Tool,
                 pb::Role::User => Role::User,
                 _ => Role::Assistant,
-            },
-            classification: classification.clone(),
-            text: turn.text.clone(),
-            tokens: turn.tokens,
-            generation: 0,
-            turn: n as u64 + 1,
-            predicate: None,
-            summary: None,
-            relevance_hint: None,
-            admitted_at_ms: 0,
-            original: None,
-            attributes: None,
+            };
+            let id = n as u64 + 1;
+            crate::plan::admitted(id, id, role, turn.text.clone(), counter)
         })
         .collect()
 }
@@ -78,12 +63,12 @@ fn spans(workload: &Workload, turns: usize) -> Vec<Span> {
 /// Times each stage over the first `turns` turns of the mix, `PASSES`
 /// times.
 pub fn measure(workload: &Workload, turns: usize) -> Result<PerByte, Failure> {
-    let spans = spans(workload, turns);
+    let counter = tokens::counter(TokenizerKind::O200kBase);
+    let spans = spans(workload, turns, counter);
     let bytes: usize = spans.iter().map(|s| s.text.len()).sum();
     if bytes == 0 {
         return Err("--split-mix-turns: the turns hold no text".into());
     }
-    let counter = tokens::counter(TokenizerKind::O200kBase);
     let mut passes: Vec<[f64; STAGES.len()]> = Vec::with_capacity(PASSES);
     for _ in 0..PASSES {
         let mut pass = [0.0; STAGES.len()];
