@@ -22,8 +22,9 @@ const PASSES: usize = 5;
 /// The stages, in the order [`measure`] gives them. The first four are
 /// what the daemon does for each admitted span (the store makes the seed
 /// and the term vector for the span's row; the session reads its facts
-/// from the seed); the fifth is the reference: the facts derived from
-/// the text, as a session without seeds does.
+/// from the seed, or derives a shorter span's from its text); the fifth
+/// is the reference: every span's facts derived from its text, as a
+/// session without seeds does.
 pub const STAGES: [&str; 5] = [
     "count (o200k_base)",
     "facts' seed (texts of 1 KiB or more)",
