@@ -944,6 +944,76 @@ mod tests {
         assert!(line.contains(&got[0]));
     }
 
+    /// The first error stem's offset, found by its letter pairs, is the
+    /// first offset from which one of the stems reads, in any case, on
+    /// random texts made mostly of the stems' letters and their pieces.
+    #[test]
+    fn error_stems_are_found_where_they_start() {
+        const STEMS: [&[u8]; 6] = [
+            b"error",
+            b"fail",
+            b"fatal",
+            b"panic",
+            b"traceback",
+            b"exception",
+        ];
+        let first = |b: &[u8], from: usize| {
+            (from..b.len()).find(|&i| {
+                STEMS.iter().any(|stem| {
+                    b.get(i..i + stem.len())
+                        .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+                })
+            })
+        };
+        let pieces: [&[u8]; 12] = [
+            b"er",
+            b"ERR",
+            b"Fa",
+            b"fai",
+            b"pAn",
+            b"tr",
+            b"x",
+            b"ception",
+            b"ror",
+            b"l",
+            b" ",
+            "\u{e9}".as_bytes(),
+        ];
+        let mut rng = crate::testing::Rng(0x5eed_e220_0001);
+        let mut found = 0;
+        for _ in 0..20_000 {
+            let mut b = Vec::new();
+            for _ in 0..rng.index(12) {
+                match rng.index(4) {
+                    0 => b.extend_from_slice(STEMS[rng.index(STEMS.len())]),
+                    1 => {
+                        let letters = b"eEfFpPtTaArRxX\n@`";
+                        b.push(letters[rng.index(letters.len())]);
+                    }
+                    _ => b.extend_from_slice(pieces[rng.index(pieces.len())]),
+                }
+            }
+            if rng.index(3) == 0 {
+                for byte in &mut b {
+                    if rng.index(2) == 0 {
+                        *byte = byte.to_ascii_uppercase();
+                    }
+                }
+            }
+            for from in 0..=b.len() {
+                let expected = first(&b, from);
+                found += usize::from(expected.is_some());
+                assert_eq!(
+                    error_stem_at(&b, from),
+                    expected,
+                    "{:?} from {from}",
+                    String::from_utf8_lossy(&b)
+                );
+            }
+        }
+        assert!(found > 10_000, "only {found} stems found");
+    }
+
     /// The stripped chunks and the error-stem test as first written
     /// (generic character matching, every stem at every candidate byte),
     /// against the byte-level shortcuts.
