@@ -944,27 +944,32 @@ mod tests {
         assert!(line.contains(&got[0]));
     }
 
-    /// The first error stem's offset, found by its letter pairs, is the
-    /// first offset from which one of the stems reads, in any case, on
-    /// random texts made mostly of the stems' letters and their pieces.
+    /// The words an error line holds one of (see `error_stem_at`).
+    const STEMS: [&[u8]; 6] = [
+        b"error",
+        b"fail",
+        b"fatal",
+        b"panic",
+        b"traceback",
+        b"exception",
+    ];
+
+    /// The offset, at or after `from`, of the first of the error stems
+    /// in `b`, in any case, read at every offset: the plain definition.
+    fn first_stem(b: &[u8], from: usize) -> Option<usize> {
+        (from..b.len()).find(|&i| {
+            STEMS.iter().any(|stem| {
+                b.get(i..i + stem.len())
+                    .is_some_and(|w| w.eq_ignore_ascii_case(stem))
+            })
+        })
+    }
+
+    /// The error-stem search finds the first stem's exact offset, from any
+    /// start, on random texts made mostly of the stems, their letters and
+    /// their pieces.
     #[test]
     fn error_stems_are_found_where_they_start() {
-        const STEMS: [&[u8]; 6] = [
-            b"error",
-            b"fail",
-            b"fatal",
-            b"panic",
-            b"traceback",
-            b"exception",
-        ];
-        let first = |b: &[u8], from: usize| {
-            (from..b.len()).find(|&i| {
-                STEMS.iter().any(|stem| {
-                    b.get(i..i + stem.len())
-                        .is_some_and(|w| w.eq_ignore_ascii_case(stem))
-                })
-            })
-        };
         let pieces: [&[u8]; 12] = [
             b"er",
             b"ERR",
@@ -1001,7 +1006,7 @@ mod tests {
                 }
             }
             for from in 0..=b.len() {
-                let expected = first(&b, from);
+                let expected = first_stem(&b, from);
                 found += usize::from(expected.is_some());
                 assert_eq!(
                     error_stem_at(&b, from),
@@ -1031,21 +1036,7 @@ mod tests {
                 .collect()
         }
         fn plain_may_report_error(line: &str) -> bool {
-            const STEMS: [&[u8]; 6] = [
-                b"error",
-                b"fail",
-                b"fatal",
-                b"panic",
-                b"traceback",
-                b"exception",
-            ];
-            let b = line.as_bytes();
-            (0..b.len()).any(|i| {
-                STEMS.iter().any(|stem| {
-                    b.get(i..i + stem.len())
-                        .is_some_and(|w| w.eq_ignore_ascii_case(stem))
-                })
-            })
+            first_stem(line.as_bytes(), 0).is_some()
         }
         let texts = [
             "(see `src/main.rs`), then [retry] {twice}; <ok> \"quoted\" 'single' *bold*",
