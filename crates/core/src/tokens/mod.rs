@@ -87,9 +87,7 @@ impl BpeCounter {
     pub fn kind(&self) -> TokenizerKind {
         self.kind
     }
-}
 
-impl BpeCounter {
     /// The tokens of one o200k_base piece: merged with `vocabulary` up to
     /// [`MERGED_MAX`] bytes, by the linear encoder past it.
     fn piece_count(&self, vocabulary: &Vocabulary, bytes: &[u8]) -> usize {
@@ -103,29 +101,20 @@ impl BpeCounter {
 
 impl TokenCounter for BpeCounter {
     fn count(&self, text: &str) -> u32 {
+        // With no limit, the bounded count is the count (saturated).
+        self.count_within(text, u32::MAX).unwrap_or(u32::MAX)
+    }
+
+    fn count_within(&self, text: &str, limit: u32) -> Option<u32> {
         if text.is_empty() {
-            return 0;
+            return Some(0);
         }
         let o200k = match self.pieces {
             Pieces::O200k => o200k_split::split(text).zip(O200K_VOCABULARY.as_ref()),
             Pieces::Tokenizer => None,
         };
-        let n = match o200k {
-            Some((pieces, vocabulary)) => pieces
-                .map(|p| self.piece_count(vocabulary, p.as_bytes()))
-                .sum(),
-            None => (self.tokenizer)().count(text),
-        };
-        saturate(n)
-    }
-
-    fn count_within(&self, text: &str, limit: u32) -> Option<u32> {
-        let o200k = match self.pieces {
-            Pieces::O200k => o200k_split::split(text).zip(O200K_VOCABULARY.as_ref()),
-            Pieces::Tokenizer => None,
-        };
         let Some((pieces, vocabulary)) = o200k else {
-            let n = self.count(text);
+            let n = saturate((self.tokenizer)().count(text));
             return (n <= limit).then_some(n);
         };
         // Pieces are counted one by one, so the count stops at the first
