@@ -29,7 +29,7 @@
 //! Plain English words, plain numbers, acronyms and plain kebab-case
 //! (`well-known`) are not anchors.
 
-use crate::classify::{code_ranges, is_word_char, is_word_char_at};
+use crate::classify::{code_ranges, is_word_char};
 use crate::fasthash::{self, FastSet};
 use crate::span::Span;
 
@@ -215,7 +215,7 @@ fn next_word(text: &str, from: usize) -> Option<(usize, usize)> {
     // Whether the character at `i` is a word character, and its width.
     let is_word_at = |i: usize| {
         let c = char_at(text, i)?;
-        Some((is_word_char_at(c), c.len_utf8()))
+        Some((is_word_char(c), c.len_utf8()))
     };
     let mut start = from;
     loop {
@@ -942,6 +942,18 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].chars().count(), MAX_ANCHOR_CHARS);
         assert!(line.contains(&got[0]));
+    }
+
+    #[test]
+    fn characters_are_read_at_their_boundaries_only() {
+        let text = "aé’\u{1F600}";
+        assert_eq!(char_at(text, 0), Some('a'));
+        assert_eq!(char_at(text, 1), Some('é'));
+        assert_eq!(char_at(text, 2), None);
+        assert_eq!(char_at(text, 3), Some('’'));
+        assert_eq!(char_at(text, 6), Some('\u{1F600}'));
+        assert_eq!(char_at(text, 7), None);
+        assert_eq!(char_at(text, text.len()), None);
     }
 
     /// The words an error line holds one of (see `error_stem_at`).

@@ -485,16 +485,9 @@ fn cut<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Cut<'t>> {
         // A run of ASCII letters, digits and underscores is taken whole:
         // no code starts inside it.
         if c.is_ascii_alphanumeric() || c == '_' {
-            let run = text.as_bytes()[at..]
-                .iter()
-                .take_while(|&&b| crate::relevance::ASCII_WORD[usize::from(b)])
-                .count();
-            word.get_or_insert_with(|| Pending::at(at)).push_ascii(
-                text,
-                at,
-                text.get(at..at + run).unwrap_or_default(),
-            );
-            pos = at + run;
+            pos = word
+                .get_or_insert_with(|| Pending::at(at))
+                .push_ascii_run(text, at);
             current.end = pos;
             continue;
         }

@@ -63,9 +63,7 @@ pub mod train;
 mod weights;
 mod word;
 
-pub(crate) use modal::{
-    CodeCursor, analyse, analyse_in, code_ranges, is_word_char, is_word_char_at,
-};
+pub(crate) use modal::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char};
 pub use modal::{modality_name, modality_of};
 
 use std::fmt::Write as _;

@@ -447,13 +447,10 @@ fn correction_patterns(words: &[Word], consumed: &[bool], hits: &mut Vec<Hit>) {
     }
 }
 
-/// Whether a character belongs to a word of prose.
+/// Whether a character belongs to a word of prose: a letter, a digit or
+/// `_`. ASCII is answered from a table.
+#[inline]
 pub(crate) fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || c == '_'
-}
-
-/// [`is_word_char`], answered from a table for ASCII.
-pub(crate) fn is_word_char_at(c: char) -> bool {
     match u8::try_from(c) {
         Ok(b) if b.is_ascii() => crate::relevance::ASCII_WORD[usize::from(b)],
         _ => c.is_alphanumeric(),
@@ -553,22 +550,12 @@ fn prose_words<'t>(text: &'t str, code: &[(usize, usize)]) -> Vec<Word<'t>> {
             continue;
         }
         let next_at = at + len;
-        if is_word_char_at(c) {
+        if is_word_char(c) {
             let word = current.get_or_insert_with(|| Pending::at(at));
             word.push(text, at, c);
-            at = next_at;
             // The rest of a run of ASCII word bytes: no code starts inside
             // it (code starts at a backtick).
-            let run = bytes
-                .get(at..)
-                .unwrap_or_default()
-                .iter()
-                .take_while(|&&n| crate::relevance::ASCII_WORD[usize::from(n)])
-                .count();
-            if run > 0 {
-                word.push_ascii(text, at, text.get(at..at + run).unwrap_or_default());
-                at += run;
-            }
+            at = word.push_ascii_run(text, next_at);
             continue;
         }
         let next = char_at(text, next_at);

@@ -46,24 +46,27 @@ impl Pending {
         }
     }
 
-    /// Adds `run`, the ASCII bytes of the text at byte `at`, lower-cased.
+    /// Adds the run of ASCII letters, digits and underscores that starts
+    /// at byte `at` (possibly empty), lower-cased; returns where it ends.
     #[inline]
-    pub(super) fn push_ascii(&mut self, text: &str, at: usize, run: &str) {
-        match self.owned.as_mut() {
-            Some(owned) => {
-                let from = owned.len();
-                owned.push_str(run);
-                owned[from..].make_ascii_lowercase();
-            }
-            None if run.bytes().any(|b| b.is_ascii_uppercase()) => {
-                let mut owned = text.get(self.start..at).unwrap_or_default().to_owned();
-                let from = owned.len();
-                owned.push_str(run);
-                owned[from..].make_ascii_lowercase();
-                self.owned = Some(owned);
-            }
-            None => {}
+    pub(super) fn push_ascii_run(&mut self, text: &str, at: usize) -> usize {
+        let run = text.as_bytes()[at.min(text.len())..]
+            .iter()
+            .take_while(|&&b| crate::relevance::ASCII_WORD[usize::from(b)])
+            .count();
+        let end = at + run;
+        let Some(letters) = text.get(at..end) else {
+            return at;
+        };
+        if self.owned.is_none() && letters.bytes().any(|b| b.is_ascii_uppercase()) {
+            self.owned = Some(text.get(self.start..at).unwrap_or_default().to_owned());
         }
+        if let Some(owned) = self.owned.as_mut() {
+            let from = owned.len();
+            owned.push_str(letters);
+            owned[from..].make_ascii_lowercase();
+        }
+        end
     }
 
     /// Adds an apostrophe: `c` (`'`, `‘` or `’`), at byte `at`, read as
@@ -102,12 +105,7 @@ mod tests {
         let mut at = 0;
         while let Some(c) = char_at(text, at) {
             if c.is_ascii_alphanumeric() {
-                let run = text[at..]
-                    .bytes()
-                    .take_while(u8::is_ascii_alphanumeric)
-                    .count();
-                word.push_ascii(text, at, &text[at..at + run]);
-                at += run;
+                at = word.push_ascii_run(text, at);
                 continue;
             }
             match c {
@@ -138,17 +136,5 @@ mod tests {
             assert_eq!(word, lowered, "{text}");
             assert_eq!(matches!(word, Cow::Borrowed(_)), borrowed, "{text}");
         }
-    }
-
-    #[test]
-    fn characters_are_read_at_their_boundaries_only() {
-        let text = "aé’\u{1F600}";
-        assert_eq!(char_at(text, 0), Some('a'));
-        assert_eq!(char_at(text, 1), Some('é'));
-        assert_eq!(char_at(text, 2), None);
-        assert_eq!(char_at(text, 3), Some('’'));
-        assert_eq!(char_at(text, 6), Some('\u{1F600}'));
-        assert_eq!(char_at(text, 7), None);
-        assert_eq!(char_at(text, text.len()), None);
     }
 }
