@@ -214,18 +214,16 @@ pub(crate) fn summarize_owing(
         while freed < over {
             if let Some(s) = sentences.pop() {
                 freed = freed.saturating_add(counter.count(&s).saturating_add(2));
-            } else if let Some(next) = least_valuable(
-                &rendered,
-                ranks.get_or_insert_with(|| rendered.iter().map(|a| anchor_rank(a)).collect()),
-            ) {
-                if let Some(ranks) = ranks.as_mut() {
-                    ranks.remove(next);
-                }
+            } else {
+                let ranks =
+                    ranks.get_or_insert_with(|| rendered.iter().map(|a| anchor_rank(a)).collect());
+                let Some(next) = least_valuable(&rendered, ranks) else {
+                    break;
+                };
+                ranks.remove(next);
                 let a = rendered.remove(next);
                 dropped += 1;
                 freed = freed.saturating_add(counter.count(&a).saturating_add(2));
-            } else {
-                break;
             }
         }
         text = writer.render(&rendered, &sentences, dropped);
