@@ -167,7 +167,7 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
     let mut rows: Vec<Row> = Vec::new();
     for &n in sizes {
         let built = Instant::now();
-        let (session, incoming) = workload(n, c);
+        let (mut session, incoming) = workload(n, c);
         let live_tokens = session.record.live_tokens;
         let pinned = session.record.pinned_spans;
         let bytes: usize = session.spans.iter().map(|s| s.text.len()).sum();
@@ -180,7 +180,7 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
             "{n} spans: {}, medians of {repeats}",
             loading(&session, repeats)?
         );
-        let row = measure(&session, &incoming, repeats, c)?;
+        let row = measure(&mut session, &incoming, repeats, c)?;
         rows.push(row);
     }
     print_table(&rows, repeats);
@@ -193,7 +193,7 @@ fn run(sizes: &[usize], repeats: usize, csv: Option<&Path>) -> Result<(), Failur
 /// Times the admission and its parts `repeats` times each, and checks
 /// that every repetition decides the same change.
 fn measure(
-    session: &Session,
+    session: &mut Session,
     incoming: &[Incoming],
     repeats: usize,
     c: &'static dyn TokenCounter,
@@ -220,7 +220,11 @@ fn measure(
         return Err(format!("{n} spans: the admission did not compact").into());
     }
 
-    // The parts, as the admission runs them.
+    // The parts, as the admission runs them, on the facts it derived.
+    if session.facts().is_none() {
+        return Err(format!("{n} spans: the facts do not describe the spans").into());
+    }
+    let session = &*session;
     let query: String = incoming
         .iter()
         .map(|i| i.text.as_str())
@@ -243,13 +247,13 @@ fn measure(
     let mut plan = None;
     for _ in 0..repeats {
         let started = Instant::now();
-        let p = planner::plan_with(&input, session.facts(), c);
+        let p = planner::plan_with(&input, session.derived_facts(), c);
         let planned = Instant::now();
         let post = planner::apply(&session.spans, &p);
         let applied = Instant::now();
         let verdict = verify_with(
             &session.spans,
-            session.facts(),
+            session.derived_facts(),
             &p,
             &post,
             incoming_tokens,
@@ -576,7 +580,7 @@ fn loading(session: &Session, repeats: usize) -> Result<Loading, Failure> {
                 Vec::new()
             };
             let started = Instant::now();
-            let loaded = Session::with_seeds(record, spans, seeds);
+            let mut loaded = Session::with_seeds(record, spans, seeds);
             let described = loaded.facts().is_some();
             let took = started.elapsed();
             if !described {

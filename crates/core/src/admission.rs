@@ -95,6 +95,13 @@ pub fn decide(input: &AdmissionInput<'_>, counter: &dyn TokenCounter) -> Decisio
     )
 }
 
+/// Whether a turn of `incoming` tokens fits beside a live context of
+/// `live` tokens within `config`'s budget, as they stand: no compaction is
+/// needed.
+pub(crate) fn fits(config: &SessionConfig, live: u64, incoming: u64) -> bool {
+    live + incoming <= u64::from(config.budget_tokens())
+}
+
 /// [`decide`], handing a verified compaction to `compact` with the
 /// post-state as references (the kept spans where they stand in
 /// `input.live`), so that a caller that needs no copy of the live context
@@ -135,7 +142,7 @@ pub(crate) fn decide_with<'f, T>(
         budget,
         window: u64::from(config.window_tokens),
     };
-    if live + incoming <= budget {
+    if fits(config, live, incoming) {
         return Decision::Fits;
     }
     // The least the live constraints can be brought to; only computed

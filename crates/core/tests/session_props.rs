@@ -545,12 +545,12 @@ impl<'a> Run<'a> {
                 t
             );
             prop_assert!(
-                self.s.soft_compaction(t, c).is_none(),
+                self.s.clone().soft_compaction(t, c).is_none(),
                 "soft compaction at {} while idle",
                 t
             );
             prop_assert!(
-                self.s.staleness_compaction(t, c).is_none(),
+                self.s.clone().staleness_compaction(t, c).is_none(),
                 "staleness compaction at {} while idle",
                 t
             );
@@ -927,7 +927,7 @@ impl<'a> Run<'a> {
                 }
             }
             Op::Restart => {
-                let restarted = Session::new(self.s.record.clone(), self.s.spans.clone());
+                let mut restarted = Session::new(self.s.record.clone(), self.s.spans.clone());
                 prop_assert_eq!(&restarted, &self.s);
                 let room = self.budget() / 5;
                 for (incoming, target) in [(0, None), (room, None), (0, Some(room)), (0, Some(0))] {

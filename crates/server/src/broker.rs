@@ -598,7 +598,7 @@ impl Broker {
 
     /// The live context with relevance as of the latest turn.
     pub async fn context(&self, id: &str) -> Result<(SessionRecord, Vec<(Span, f64)>), ApiError> {
-        let loaded = self.sessions.lock(&self.store, id).await?;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
         let scores = loaded.session.relevance();
         let spans = loaded.session.spans.iter().cloned().zip(scores).collect();
         Ok((loaded.session.record.clone(), spans))
@@ -799,7 +799,7 @@ impl Broker {
         incoming_tokens: u64,
         target_tokens: Option<u64>,
     ) -> Result<(SessionRecord, PlanOutcome), ApiError> {
-        let loaded = self.sessions.lock(&self.store, id).await?;
+        let mut loaded = self.sessions.lock(&self.store, id).await?;
         TraceSpan::current().record("turn", loaded.session.record.turns);
         let counter = tokens::counter(loaded.session.record.config.tokenizer);
         let outcome = loaded

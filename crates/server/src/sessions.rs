@@ -1086,7 +1086,7 @@ mod tests {
         assert!(loaded.session.derived_facts().is_none());
         assert_eq!(facts_estimate(&loaded.session), seeds as u64);
         assert_eq!(loaded.bytes(), estimate(&loaded.session));
-        let from_text = Session::new(session.record.clone(), session.spans.clone());
+        let mut from_text = Session::new(session.record.clone(), session.spans.clone());
         assert_eq!(loaded.session.relevance(), from_text.relevance());
         assert!(loaded.session.derived_facts().is_some());
         assert_eq!(loaded.session.seed_bytes(), 0);

@@ -188,8 +188,8 @@ async fn measure(plan: &SplitPlan) -> Result<Vec<SplitRow>, Failure> {
     let requests: Vec<Vec<u8>> = (0..MESSAGES.len()).map(request).collect();
     let mut subjects = Vec::with_capacity(plan.sizes.len());
     for &n in &plan.sizes {
-        let subject = prepare(n, plan).await?;
-        check_settled(&subject.session, &limits)?;
+        let mut subject = prepare(n, plan).await?;
+        check_settled(&mut subject.session, &limits)?;
         subjects.push(subject);
     }
     for subject in &mut subjects {
@@ -401,8 +401,9 @@ fn classify_turn(turn: Vec<TurnSpan>, counts: Vec<u32>, config: &SessionConfig) 
 
 /// Checks, once per size and outside the clock, that a turn settled here
 /// decides the same change as the same turn left to the session.
-fn check_settled(session: &Session, limits: &Limits) -> Result<(), Failure> {
-    let config = &session.record.config;
+fn check_settled(session: &mut Session, limits: &Limits) -> Result<(), Failure> {
+    let config = session.record.config.clone();
+    let config = &config;
     if config.classifier == ClassifierMode::CallerOnly {
         return Err("the split needs a classifier mode other than CALLER_ONLY".into());
     }

@@ -811,8 +811,11 @@ mod tests {
         retotal(session);
     }
 
-    fn check(session: &Session, rng: &mut Rng, step: usize) {
-        let kept = session.facts().expect("the facts describe the spans");
+    fn check(session: &mut Session, rng: &mut Rng, step: usize) {
+        assert!(session.facts().is_some(), "step {step}: not derived");
+        let kept = session
+            .current_facts()
+            .expect("the facts describe the spans");
         let fresh = LiveFacts::of(&session.spans);
         let canonical = kept.canonical();
         assert_eq!(canonical, fresh.canonical(), "step {step}");
@@ -836,8 +839,8 @@ mod tests {
             from_facts.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
             "step {step}, query {query:?}"
         );
-        assert_eq!(session.relevance(), {
-            let latest = Session::new(session.record.clone(), session.spans.clone());
+        assert_eq!(session.clone().relevance(), {
+            let mut latest = Session::new(session.record.clone(), session.spans.clone());
             latest.relevance()
         });
         // A plan made with the facts is the plan made from the text, and
@@ -912,7 +915,7 @@ mod tests {
                     }
                 }
             }
-            check(&session, &mut rng, step);
+            check(&mut session, &mut rng, step);
         }
         assert!(compactions >= 5, "only {compactions} compactions");
         assert!(
@@ -956,8 +959,74 @@ mod tests {
                 .admit(vec![incoming(&mut rng)], step, &ByteLength)
                 .expect("admitted");
             session.apply(&change);
-            check(&session, &mut rng, step as usize);
+            check(&mut session, &mut rng, step as usize);
         }
+    }
+
+    /// Once derived, the facts take in the turns that fit only when a
+    /// compaction next needs them: admitting such a turn derives nothing.
+    /// Whatever comes in between — long turns with their seeds, the
+    /// newest spans taken back, evictions and rewrites — the facts then
+    /// derived are those derived from the text, the facts are never out
+    /// of step (which would drop them), and the seeds waiting are counted
+    /// as they come and go.
+    #[test]
+    fn the_facts_of_turns_that_fit_wait_for_the_next_compaction() {
+        let mut rng = Rng(0x5eed_cafe_f00d_0007);
+        let mut session = Session::create("tail", SessionConfig::with_window(6_000), 1);
+        let (mut waited, mut compactions, mut long, mut held) = (0, 0, 0, 0);
+        for step in 0..600u64 {
+            let derived = session.derived_facts().map_or(0, LiveFacts::len);
+            match rng.index(12) {
+                0 if session.spans.len() > 2 => {
+                    let back = session
+                        .retract(1 + rng.index(2), 10 + step)
+                        .expect("the newest spans can be taken back");
+                    session.apply_retraction(&back);
+                }
+                1 if !session.spans.is_empty() => evict_some(&mut session, &mut rng, 2),
+                2 if !session.spans.is_empty() => rewrite_one(&mut session, &mut rng),
+                3 => check(&mut session, &mut rng, step as usize),
+                _ => {
+                    let mut turn = incoming(&mut rng);
+                    if rng.index(5) == 0 {
+                        while turn.text.len() < SEED_MIN_BYTES {
+                            turn.text = format!("{} {}", turn.text, text(&mut rng));
+                        }
+                        turn.tokens = ByteLength.count(&turn.text);
+                        long += 1;
+                    }
+                    let Ok(change) = session.admit(vec![turn], 10 + step, &ByteLength) else {
+                        continue;
+                    };
+                    let fits = change.summary.is_none() && change.evict.is_empty();
+                    if fits {
+                        assert_eq!(
+                            session.derived_facts().map_or(0, LiveFacts::len),
+                            derived,
+                            "step {step}: a turn that fits derived facts"
+                        );
+                        waited += usize::from(session.spans.len() > derived);
+                    } else {
+                        compactions += 1;
+                    }
+                    session.apply_seeded(&change, &seeds_of(&change));
+                }
+            }
+            assert_eq!(
+                session.seed_bytes(),
+                session.seed_bytes_recounted(),
+                "step {step}"
+            );
+            // Kept in step throughout: never dropped to be derived afresh.
+            assert!(session.derived_facts().is_some(), "step {step}: dropped");
+            held += usize::from(session.seed_bytes() > 0);
+        }
+        check(&mut session, &mut rng, 600);
+        assert!(
+            waited > 100 && compactions > 5 && long > 20 && held > 20,
+            "{waited} waited, {compactions} compactions, {long} long turns, {held} steps with seeds waiting"
+        );
     }
 
     /// The seeds of a change's new spans, as the store keeps them.
@@ -1020,7 +1089,7 @@ mod tests {
             "derived before any compaction"
         );
         assert!(session.seed_bytes() > 0);
-        check(&session, &mut rng, step as usize);
+        check(&mut session, &mut rng, step as usize);
         assert_eq!(
             session.seed_bytes(),
             0,
@@ -1032,14 +1101,14 @@ mod tests {
                 .admit(vec![incoming(&mut rng)], step, &ByteLength)
                 .expect("admitted");
             session.apply_seeded(&change, &seeds_of(&change));
-            check(&session, &mut rng, step as usize);
+            check(&mut session, &mut rng, step as usize);
         }
         // A seed that fits its span but was made from another text is
         // what the facts hold: the seed is read, not the text.
         let mut spans = vec![crate::testing::admitted(1, 1, Role::User, "alpha beta")];
         let other = crate::testing::admitted(1, 1, Role::User, "alpha alpha");
         let seeds = vec![seed::seed_of(&other).map(Vec::into_boxed_slice)];
-        let spoofed = Session::with_seeds(session.record.clone(), spans.clone(), seeds);
+        let mut spoofed = Session::with_seeds(session.record.clone(), spans.clone(), seeds);
         let read = spoofed.facts().expect("facts").canonical();
         assert_eq!(read.spans[0].3, vec![("alpha".to_owned(), 2)]);
         // Rewritten in place, the span's own text is read.
@@ -1095,7 +1164,10 @@ mod tests {
                 .spans
                 .iter()
                 .any(|s| s.relevance_hint == Some(f64::INFINITY));
-            let kept = session.facts().expect("the facts describe the spans");
+            assert!(session.facts().is_some(), "step {step}: not derived");
+            let kept = session
+                .current_facts()
+                .expect("the facts describe the spans");
             let fresh = LiveFacts::of(&session.spans);
             assert_eq!(kept.canonical().rows, fresh.canonical().rows, "step {step}");
             assert_eq!(kept.rows().len(), session.spans.len(), "step {step}");

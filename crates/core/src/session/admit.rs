@@ -81,7 +81,7 @@ impl Session {
     /// that makes room for exactly this turn: commit it, admit the turn
     /// again, and it fits without another compaction.
     pub fn admit(
-        &self,
+        &mut self,
         incoming: Vec<Incoming>,
         now_ms: u64,
         counter: &dyn TokenCounter,
@@ -98,6 +98,13 @@ impl Session {
             .map(|(i, id)| admitted_span(i, id, turn, now_ms))
             .collect();
         let next_span_id = first_id + spans.len() as u64;
+        // A turn that fits needs no plan, and so no facts: those of the
+        // turns appended since the last compaction stay underived.
+        let incoming_tokens = spans.iter().map(|s| u64::from(s.tokens)).sum();
+        if !admission::fits(config, self.record.live_tokens, incoming_tokens) {
+            self.derive_facts();
+        }
+        let config = &self.record.config;
         let needs_approval =
             config.mode == SessionMode::Approval || self.record.approval_required || unclassified;
         // The change is made from the verified plan and the kept spans
@@ -116,7 +123,7 @@ impl Session {
             },
             Some((self.record.live_tokens, self.record.pinned_tokens)),
             || {
-                checked.set(self.facts());
+                checked.set(self.current_facts());
                 checked.get()
             },
             counter,

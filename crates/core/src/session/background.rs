@@ -24,15 +24,16 @@ impl Session {
     /// makes the context smaller.
     ///
     /// [`SessionConfig::soft_target_tokens`]: crate::config::SessionConfig::soft_target_tokens
-    pub fn soft_compaction(&self, now_ms: u64, counter: &dyn TokenCounter) -> Option<Change> {
+    pub fn soft_compaction(&mut self, now_ms: u64, counter: &dyn TokenCounter) -> Option<Change> {
         if !trigger::compacts_on_its_own(&self.record) {
             return None;
         }
-        let config = &self.record.config;
         let live: u64 = self.spans.iter().map(|s| u64::from(s.tokens)).sum();
-        if live <= u64::from(config.soft_watermark_tokens()) {
+        if live <= u64::from(self.record.config.soft_watermark_tokens()) {
             return None;
         }
+        self.derive_facts();
+        let config = &self.record.config;
         let query = self.latest_query();
         let plan = planner::plan_described(
             &PlanInput {
@@ -46,7 +47,7 @@ impl Session {
                 target_tokens: Some(u64::from(config.soft_target_tokens())),
                 held_tool_calls: &[],
             },
-            self.facts(),
+            self.current_facts(),
             counter,
         );
         let detail = format!(
@@ -77,12 +78,15 @@ impl Session {
     /// summaries are never touched, so a cadence cannot make summaries
     /// climb generations. `None` when not due, when nothing is stale, or
     /// when the verified result would not be smaller.
-    pub fn staleness_compaction(&self, now_ms: u64, counter: &dyn TokenCounter) -> Option<Change> {
+    pub fn staleness_compaction(
+        &mut self,
+        now_ms: u64,
+        counter: &dyn TokenCounter,
+    ) -> Option<Change> {
         if !self.staleness_due(now_ms) {
             return None;
         }
-        let config = &self.record.config;
-        let interval = config.staleness_interval_ms;
+        let interval = self.record.config.staleness_interval_ms;
         let latest = self.record.turns;
         let stale: Vec<usize> = (0..self.spans.len())
             .filter(|&i| {
@@ -98,6 +102,7 @@ impl Session {
             return None;
         }
         let relevance = self.relevance();
+        let config = &self.record.config;
         let before: u64 = self.spans.iter().map(|s| u64::from(s.tokens)).sum();
         let evicted_tokens: u64 = stale.iter().map(|&i| u64::from(self.spans[i].tokens)).sum();
         let kept = before - evicted_tokens;
@@ -172,7 +177,7 @@ impl Session {
         let post = planner::apply_refs(&self.spans, &rows, &plan, &made);
         if !verify_refs(
             &self.spans,
-            self.facts(),
+            self.current_facts(),
             &plan,
             &post,
             IncomingTurn::tokens(0),

@@ -109,12 +109,13 @@ impl Session {
     /// alone — `now_ms` only stamps the summary — so [`Session::commit`]
     /// re-derives it from the plan id and nothing is kept in between.
     pub fn plan(
-        &self,
+        &mut self,
         incoming_tokens: u64,
         target_tokens: Option<u64>,
         now_ms: u64,
         counter: &dyn TokenCounter,
     ) -> PlanOutcome {
+        self.derive_facts();
         let config = &self.record.config;
         let budget = u64::from(config.budget_tokens());
         let target = target_tokens
@@ -132,7 +133,7 @@ impl Session {
         let post = planner::apply_refs(&self.spans, &rows, &plan, &made);
         let verdict = verify_refs(
             &self.spans,
-            self.facts(),
+            self.current_facts(),
             &plan,
             &post,
             IncomingTurn::tokens(incoming_tokens),
@@ -166,7 +167,7 @@ impl Session {
     /// summary of nothing cannot be written); [`Rejection::Escalation`]
     /// when the result fails verification.
     pub fn commit(
-        &self,
+        &mut self,
         plan_id: PlanId,
         edits: &CallerEdits,
         now_ms: u64,
@@ -180,6 +181,7 @@ impl Session {
                 current: self.record.revision,
             });
         }
+        self.derive_facts();
         let config = &self.record.config;
         let mut plan = self.manual_plan(&plan_id, now_ms, counter);
         if plan.evicted.is_empty() && plan.compressed.is_empty() && edits.compressed.is_empty() {
@@ -225,7 +227,7 @@ impl Session {
         plan.tokens_after = post.iter().map(|s| u64::from(s.tokens)).sum();
         let verdict = verify_refs(
             &self.spans,
-            self.facts(),
+            self.current_facts(),
             &plan,
             &post,
             IncomingTurn::tokens(plan_id.incoming_tokens),
@@ -286,7 +288,7 @@ impl Session {
                 target_tokens: Some(plan_id.target_tokens),
                 held_tool_calls: &[],
             },
-            self.facts(),
+            self.current_facts(),
             counter,
         )
     }

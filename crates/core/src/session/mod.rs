@@ -23,8 +23,6 @@ pub use change::{Change, Rejection, SessionRecord};
 pub use manual::{CallerEdits, PlanId, PlanOutcome};
 pub use undo::Retraction;
 
-use std::sync::OnceLock;
-
 use crate::config::SessionConfig;
 use crate::facts::{LiveFacts, LiveRow};
 use crate::fasthash::{self, FastMap, IdSet};
@@ -52,13 +50,17 @@ pub struct Session {
     pub record: SessionRecord,
     /// The live context, in prompt order.
     pub spans: Vec<Span>,
-    /// What each live span's text gives a compaction, derived once: when
-    /// the session is first asked for it (a session loaded to admit turns
-    /// that fit never derives it), then kept up to date by `apply`.
-    facts: OnceLock<LiveFacts>,
-    /// The spans' seeds the store kept (see [`crate::facts::seed`]), by
-    /// index, until the facts are derived from them: empty once they are,
-    /// or when the session was built without seeds.
+    /// What each live span's text gives a compaction, derived once, when a
+    /// compaction first needs it: `None` until then (a session loaded to
+    /// admit turns that fit never derives it). Once derived, the facts
+    /// describe the spans up to the turns appended since the last
+    /// compaction that needed them, which are derived when the next one
+    /// does: a turn that fits costs no derivation.
+    facts: Option<LiveFacts>,
+    /// The seeds the store kept (see [`crate::facts::seed`]) of the spans
+    /// whose facts are not derived yet, in order: of every span while
+    /// `facts` is `None` (or none at all, when the session was built
+    /// without seeds), else of the spans appended since.
     seeds: Seeds,
 }
 
@@ -246,7 +248,7 @@ impl Session {
         Session {
             record,
             spans,
-            facts: OnceLock::new(),
+            facts: None,
             seeds,
         }
     }
@@ -256,25 +258,51 @@ impl Session {
         Session {
             record: SessionRecord::new(id, config, now_ms),
             spans: Vec::new(),
-            facts: OnceLock::from(LiveFacts::default()),
+            facts: Some(LiveFacts::default()),
             seeds: Seeds::default(),
         }
     }
 
-    /// What the session derived from its live spans, derived now if it was
-    /// not yet, when it still describes them (see [`Session`]).
-    pub fn facts(&self) -> Option<&LiveFacts> {
-        Some(
-            self.facts
-                .get_or_init(|| LiveFacts::of_seeded(&self.spans, self.pending_seeds())),
-        )
-        .filter(|f| f.describes(&self.spans))
+    /// What the session derived from its live spans, derived now as far
+    /// as it was not yet, when it still describes them (see [`Session`]).
+    pub fn facts(&mut self) -> Option<&LiveFacts> {
+        self.derive_facts();
+        self.current_facts()
     }
 
-    /// The seeds the facts are to be read from, one per span; none once
-    /// the facts are derived, or when they are out of step.
+    /// The facts, when they describe every live span as they stand:
+    /// `None` while some are not derived yet (see [`Session::facts`]) or
+    /// the spans were changed outside [`Session::apply`].
+    pub(crate) fn current_facts(&self) -> Option<&LiveFacts> {
+        self.facts.as_ref().filter(|f| f.describes(&self.spans))
+    }
+
+    /// Derives the facts as far as they are not yet: all of them, read
+    /// from the seeds the session was built with where it has them, the
+    /// first time; then those of the spans appended since, from their
+    /// seeds. Facts out of step with the spans are left as they are (and
+    /// not used).
+    fn derive_facts(&mut self) {
+        match &mut self.facts {
+            None => {
+                self.facts = Some(LiveFacts::of_seeded(&self.spans, self.pending_seeds()));
+                self.seeds = Seeds::default();
+            }
+            Some(facts) if facts.len() + self.seeds.len() == self.spans.len() => {
+                let from = facts.len();
+                let tail = std::mem::take(&mut self.seeds);
+                for (span, seed) in self.spans[from..].iter().zip(tail.by_index) {
+                    facts.push(span, seed.as_deref());
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The seeds the facts are to be read from when none are derived yet,
+    /// one per span; none when they are out of step with the spans.
     fn pending_seeds(&self) -> &[Option<Box<[u8]>>] {
-        match self.facts.get().is_none() && self.seeds.len() == self.spans.len() {
+        match self.facts.is_none() && self.seeds.len() == self.spans.len() {
             true => &self.seeds.by_index,
             false => &[],
         }
@@ -283,7 +311,7 @@ impl Session {
     /// The bytes the seeds held for facts not yet derived take, about:
     /// kept as they come and go, so it costs nothing per span.
     pub fn seed_bytes(&self) -> usize {
-        let seeds = self.pending_seeds();
+        let seeds = &self.seeds.by_index[..];
         match seeds.is_empty() {
             true => 0,
             false => std::mem::size_of_val(seeds) + self.seeds.bytes,
@@ -293,7 +321,7 @@ impl Session {
     /// [`Session::seed_bytes`] counted afresh, seed by seed.
     #[cfg(test)]
     pub(crate) fn seed_bytes_recounted(&self) -> usize {
-        let seeds = self.pending_seeds();
+        let seeds = &self.seeds.by_index[..];
         match seeds.is_empty() {
             true => 0,
             false => {
@@ -307,7 +335,7 @@ impl Session {
     /// for them since the session was loaded. What the session holds in
     /// memory, without deriving anything.
     pub fn derived_facts(&self) -> Option<&LiveFacts> {
-        self.facts.get()
+        self.facts.as_ref()
     }
 
     /// Adopts a change once the store has acknowledged it, the way the
@@ -330,18 +358,31 @@ impl Session {
                 .map(|(_, seed)| seed.as_slice())
         };
         self.record = change.record.clone();
-        if self.facts.get().is_some() {
-            // Derived: the seeds were read, or are out of step.
+        let appends_only =
+            change.evict.is_empty() && change.replace.is_empty() && change.summary.is_none();
+        if !appends_only && self.facts.is_some() {
+            // Spans move or are rewritten: the facts of those appended
+            // since are derived first, so that they move with them.
+            self.derive_facts();
+        }
+        // Facts out of step with the spans (which only a change of `spans`
+        // outside this method makes) are dropped, to be derived afresh
+        // when next needed; the check costs nothing per span, so that a
+        // change that evicts nothing still costs only what it touches.
+        let spans_before = self.spans.len();
+        if self
+            .facts
+            .as_ref()
+            .is_some_and(|f| f.len() + self.seeds.len() != spans_before)
+        {
+            self.facts = None;
             self.seeds = Seeds::default();
         }
         // Facts not derived yet stay so, and the seeds they will be read
-        // from follow the spans. Facts out of step with the spans (which
-        // only a change of `spans` outside this method makes) are dropped
-        // at the end, to be derived afresh when next needed; the check
-        // costs nothing per span, so that a change that evicts nothing
-        // still costs only what it touches.
-        let spans_before = self.spans.len();
-        let mut facts = self.facts.get_mut().filter(|f| f.len() == spans_before);
+        // from follow the spans; derived ones follow them too, but for the
+        // appended spans', which wait for the next compaction with their
+        // seeds.
+        let mut facts = self.facts.as_mut();
         let mut pending = match facts.is_none() && self.seeds.len() == spans_before {
             true => Some(std::mem::take(&mut self.seeds)),
             false => None,
@@ -389,17 +430,16 @@ impl Session {
             }
         }
         self.spans.extend(change.append.iter().cloned());
-        if let Some(facts) = facts {
+        let waiting = match facts.is_some() {
+            true => Some(&mut self.seeds),
+            false => pending.as_mut(),
+        };
+        if let Some(waiting) = waiting {
             for span in &change.append {
-                facts.push(span, seed_of(span.id));
+                waiting.push(seed_of(span.id));
             }
-        } else if self.facts.get().is_some() {
-            self.facts = OnceLock::new();
         }
-        if let Some(mut pending) = pending {
-            for span in &change.append {
-                pending.push(seed_of(span.id));
-            }
+        if let Some(pending) = pending {
             self.seeds = pending;
         }
     }
@@ -407,10 +447,11 @@ impl Session {
     /// Each live span's relevance as of the latest turn (the query is that
     /// turn's non-summary text), weighted as the session's configuration
     /// says: what GetContext reports next to every span.
-    pub fn relevance(&self) -> Vec<f64> {
+    pub fn relevance(&mut self) -> Vec<f64> {
+        self.derive_facts();
         let query = self.latest_query();
         let (turn, weights) = (self.record.turns, &self.record.config.relevance);
-        match self.facts() {
+        match self.current_facts() {
             Some(facts) => relevance::score_with(&self.spans, facts, &query, turn, weights),
             None => relevance::score(&self.spans, &query, turn, weights),
         }

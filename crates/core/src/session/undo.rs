@@ -3,9 +3,7 @@
 //! spans leave outright, nothing is archived or summarised, and no marker
 //! is written.
 
-use std::sync::OnceLock;
-
-use super::{Rejection, Session, SessionRecord};
+use super::{Rejection, Seeds, Session, SessionRecord};
 use crate::facts::LiveFacts;
 use crate::span::{Span, SpanClass};
 
@@ -74,12 +72,20 @@ impl Session {
         self.record = retraction.record.clone();
         let keep_len = self.spans.len().saturating_sub(retraction.spans.len());
         let keep: Vec<bool> = (0..self.spans.len()).map(|i| i < keep_len).collect();
-        if let Some(facts) = self.facts.get_mut() {
-            if facts.len() == keep.len() {
-                facts.retain(&keep);
-            } else {
-                self.facts = OnceLock::new();
+        // The spans taken back are the last ones: their facts, or the
+        // seeds of those not derived yet, go with them.
+        match self.facts.as_mut() {
+            Some(facts) if facts.len() + self.seeds.len() == keep.len() => {
+                let derived = facts.len();
+                facts.retain(&keep[..derived]);
+                self.seeds.retain(&keep[derived..]);
             }
+            Some(_) => {
+                self.facts = None;
+                self.seeds = Seeds::default();
+            }
+            None if self.seeds.len() == keep.len() => self.seeds.retain(&keep),
+            None => {}
         }
         self.spans.truncate(keep_len);
     }
@@ -95,7 +101,8 @@ impl Session {
     pub fn apply_reset(&mut self, record: SessionRecord) {
         self.record = record;
         self.spans.clear();
-        self.facts = OnceLock::from(LiveFacts::default());
+        self.facts = Some(LiveFacts::default());
+        self.seeds = Seeds::default();
     }
 }
 
@@ -125,7 +132,7 @@ mod tests {
 
     #[test]
     fn zero_takes_back_the_newest_turn_and_a_count_the_newest_spans() {
-        let s = session(&[
+        let mut s = session(&[
             &[Role::User],
             &[Role::Assistant, Role::Tool, Role::Assistant],
         ]);
