@@ -43,7 +43,11 @@ use crate::span::{Span, SpanClass, SpanId};
 /// its spans ([`LiveFacts`]) is rebuilt from them and kept up to date by
 /// [`Session::apply`]; `spans` should change only through it (a session
 /// whose spans were changed otherwise still plans correctly, deriving
-/// what it needs from the text at each plan).
+/// what it needs from the text at each plan). The operations that may
+/// plan (admitting, planning and committing, the background compactions,
+/// relevance) take the session mutably for that alone: they derive the
+/// facts a plan reads as far as they are not yet, which changes no
+/// outcome.
 #[derive(Debug, Clone)]
 pub struct Session {
     /// The configuration and counters.
@@ -383,10 +387,12 @@ impl Session {
         // appended spans', which wait for the next compaction with their
         // seeds.
         let mut facts = self.facts.as_mut();
-        let mut pending = match facts.is_none() && self.seeds.len() == spans_before {
-            true => Some(std::mem::take(&mut self.seeds)),
-            false => None,
-        };
+        let mut pending = None;
+        if facts.is_none() {
+            // Seeds out of step with the spans are never read: let go.
+            let seeds = std::mem::take(&mut self.seeds);
+            pending = (seeds.len() == spans_before).then_some(seeds);
+        }
         if !change.evict.is_empty() {
             let evicted = IdSet::of(&change.evict);
             let keep: Vec<bool> = self.spans.iter().map(|s| !evicted.contains(s.id)).collect();
