@@ -128,6 +128,9 @@ fn admit_prints_every_row_with_plausible_figures() {
             out.contains("durable admits/s ÷ Redis RPUSH/s at 4 clients"),
             "{out}"
         );
+        // Judged against the target and, beside it, the aim beyond it.
+        assert!(out.contains("(target ≥ 0.5: "), "{out}");
+        assert!(out.contains("; aim ≥ 1.0: "), "{out}");
     } else {
         assert_eq!(redis[1], "skipped", "{redis:?}");
         assert!(
@@ -139,6 +142,8 @@ fn admit_prints_every_row_with_plausible_figures() {
         out.contains("relaxed Admit p50 (no compaction) ÷ no-op p50, one client"),
         "{out}"
     );
+    assert!(out.contains("(target ≤ 1.5: "), "{out}");
+    assert!(out.contains("; aim ≤ 1.3: "), "{out}");
     assert!(!out.contains("errors:"), "{out}");
     assert!(!out.contains("admission split"), "--no-split: {out}");
     // The rows of CPU per request that fits, against the session's size:
