@@ -436,17 +436,16 @@ impl Session {
             }
         }
         self.spans.extend(change.append.iter().cloned());
-        let waiting = match facts.is_some() {
-            true => Some(&mut self.seeds),
-            false => pending.as_mut(),
-        };
-        if let Some(waiting) = waiting {
-            for span in &change.append {
-                waiting.push(seed_of(span.id));
-            }
-        }
+        // The seeds, in step again, take in the appended spans': they
+        // wait with the facts not derived yet, or behind the derived ones.
+        let in_step = facts.is_some() || pending.is_some();
         if let Some(pending) = pending {
             self.seeds = pending;
+        }
+        if in_step {
+            for span in &change.append {
+                self.seeds.push(seed_of(span.id));
+            }
         }
     }
 
