@@ -10,6 +10,14 @@
 //! request is the whole daemon's: gRPC, the session's turn, the store's
 //! writer and flusher, the engine's I/O threads. The no-op row is the
 //! floor every request pays.
+//!
+//! Then the same at the first size under load: `clients` clients, each
+//! with a session of its own grown to that size, send no-ops, then short
+//! messages, concurrently over the daemon's connections. One client pays
+//! a whole HTTP/2 round trip and a wake-up of the daemon per request;
+//! under load the daemon reads and answers many requests per wake-up, so
+//! these rows show what an admission that fits costs when the daemon is
+//! busy, as it is in production.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +41,8 @@ pub(super) struct FlatRow {
     pub live_spans: usize,
     /// What was sent: "no-op", "admit" or "admit+key".
     pub request: &'static str,
+    /// Clients sending at once.
+    pub clients: usize,
     /// Requests recorded.
     pub requests: usize,
     /// Median latency, µs.
@@ -76,7 +86,7 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(size, "no-op", &mut latencies, &used, wrote));
+        rows.push(row(size, "no-op", 1, &mut latencies, &used, wrote));
         let mut latencies = Vec::with_capacity(admissions);
         let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
@@ -90,7 +100,7 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(size, "admit", &mut latencies, &used, wrote));
+        rows.push(row(size, "admit", 1, &mut latencies, &used, wrote));
         let mut latencies = Vec::with_capacity(admissions);
         let written = EngineWrites::read(metrics)?;
         let meter = PhaseMeter::start(pid)?;
@@ -106,7 +116,78 @@ pub(super) async fn rows(
         }
         let used = meter.finish()?;
         let wrote = EngineWrites::read(metrics)?.per_request(written, admissions);
-        rows.push(row(size, "admit+key", &mut latencies, &used, wrote));
+        rows.push(row(size, "admit+key", 1, &mut latencies, &used, wrote));
+    }
+    Ok(rows)
+}
+
+/// The loaded rows: `clients` clients, each with its own session grown to
+/// `size` live spans, send `requests` no-ops in all, then as many short
+/// messages, each client over `channels[client % channels.len()]`.
+pub(super) async fn loaded_rows(
+    channels: &[Client],
+    pid: u32,
+    metrics: std::net::SocketAddr,
+    workload: &Workload,
+    size: usize,
+    clients: usize,
+    requests: usize,
+) -> Result<Vec<FlatRow>, Failure> {
+    if channels.is_empty() || clients == 0 {
+        return Ok(Vec::new());
+    }
+    let shorts: Vec<Turn> = short_messages(workload)?.into_iter().cloned().collect();
+    let shorts = std::sync::Arc::new(shorts);
+    let mut sessions = Vec::with_capacity(clients);
+    for c in 0..clients {
+        let mut client = channels[c % channels.len()].clone();
+        let session = format!("flat-loaded-{size}-{c}");
+        grow(&mut client, &session, size).await?;
+        for n in 0..(requests / clients / 10).max(1) {
+            admit(&mut client, &session, &shorts[(c + n) % shorts.len()]).await?;
+        }
+        sessions.push((client, session));
+    }
+    let per_client = (requests / clients).max(1);
+    let mut rows = Vec::with_capacity(2);
+    for request in ["no-op", "admit"] {
+        let written = EngineWrites::read(metrics)?;
+        let meter = PhaseMeter::start(pid)?;
+        let mut tasks = Vec::with_capacity(clients);
+        for (c, (client, session)) in sessions.iter().enumerate() {
+            let mut client = client.clone();
+            let session = session.clone();
+            let shorts = shorts.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_client);
+                for n in 0..per_client {
+                    let t0 = Instant::now();
+                    if request == "no-op" {
+                        client.get_server_info(pb::GetServerInfoRequest {}).await?;
+                    } else {
+                        let turn = &shorts[(c + n) % shorts.len()];
+                        if admit(&mut client, &session, turn).await? {
+                            return Err(Failure::from(format!(
+                                "{session} compacted; the row needs turns that fit"
+                            )));
+                        }
+                    }
+                    latencies.push(t0.elapsed());
+                }
+                Ok::<_, Failure>(latencies)
+            }));
+        }
+        let mut latencies = Vec::with_capacity(per_client * clients);
+        for task in tasks {
+            let mine = task
+                .await
+                .map_err(|err| Failure::from(format!("a loaded client failed: {err}")))??;
+            latencies.extend(mine);
+        }
+        let used = meter.finish()?;
+        let sent = latencies.len();
+        let wrote = EngineWrites::read(metrics)?.per_request(written, sent);
+        rows.push(row(size, request, clients, &mut latencies, &used, wrote));
     }
     Ok(rows)
 }
@@ -127,6 +208,7 @@ pub(super) fn short_messages(workload: &Workload) -> Result<Vec<&Turn>, Failure>
 fn row(
     size: usize,
     request: &'static str,
+    clients: usize,
     latencies: &mut [Duration],
     used: &PhaseUsage,
     written: EngineWrites,
@@ -137,6 +219,7 @@ fn row(
     FlatRow {
         live_spans: size,
         request,
+        clients,
         requests,
         p50_us: Quantiles::of(latencies).p50,
         cpu_us: per_request(used.cpu_seconds),
@@ -215,18 +298,20 @@ pub(super) async fn admit_keyed(
 /// no-op row at the same size and to the same request at the first size.
 pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
     let mut out = String::from(
-        "| daemon | live spans | request | requests | p50 µs | daemon CPU µs per request | of which runtime / engine I/O / writer / flusher / other | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| daemon | live spans | request | clients | requests | p50 µs | daemon CPU µs per request | of which runtime / engine I/O / writer / flusher / other | admit ÷ no-op CPU | ÷ at the smallest size | engine keys / bytes per request | engine keys read per request | blob files synced per request | writes applied by the request itself, per request |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         // The same request at the first size.
         let first_admit = rows
             .iter()
-            .find(|f| f.request == r.request)
+            .find(|f| f.request == r.request && f.clients == r.clients)
             .map_or(f64::NAN, |f| f.cpu_us);
         let (vs_noop, vs_first) = if r.request != "no-op" {
             let noop = rows
                 .iter()
-                .find(|n| n.live_spans == r.live_spans && n.request == "no-op")
+                .find(|n| {
+                    n.live_spans == r.live_spans && n.request == "no-op" && n.clients == r.clients
+                })
                 .map_or(f64::NAN, |n| n.cpu_us);
             (
                 format!("{:.2}", r.cpu_us / noop),
@@ -236,9 +321,10 @@ pub(super) fn render(daemon: &str, rows: &[FlatRow]) -> String {
             ("–".to_owned(), "–".to_owned())
         };
         out.push_str(&format!(
-            "| {daemon} | {} | {} | {} | {:.0} | {:.1} | {:.0} / {:.0} / {:.0} / {:.0} / {:.0} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
+            "| {daemon} | {} | {} | {} | {} | {:.0} | {:.1} | {:.0} / {:.0} / {:.0} / {:.0} / {:.0} | {vs_noop} | {vs_first} | {:.2} / {:.0} | {:.2} | {:.3} | {:.2} |\n",
             r.live_spans,
             r.request,
+            r.clients,
             r.requests,
             r.p50_us,
             r.cpu_us,

@@ -163,6 +163,11 @@ pub struct AdmitArgs {
     /// admissions).
     #[arg(long, default_value_t = 5000)]
     pub flat_requests: usize,
+    /// Clients of the flat rows under load, at the first size: each has a
+    /// session of its own, and they send `--flat-requests` requests in
+    /// all (0: no such rows).
+    #[arg(long, default_value_t = 16)]
+    pub flat_clients: usize,
     /// The split's recorded admissions are interleaved: each size makes
     /// this many before the next size's turn.
     #[arg(long, default_value_t = 10)]
@@ -526,6 +531,22 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
                 args.flat_requests,
             )
             .await?;
+            let mut rows = rows;
+            if let Some(&size) = args.flat_sizes.first() {
+                settle(target.daemon.pid()).await;
+                rows.extend(
+                    flat::loaded_rows(
+                        &target.channels,
+                        target.daemon.pid(),
+                        target.daemon.metrics,
+                        &workload,
+                        size,
+                        args.flat_clients,
+                        args.flat_requests,
+                    )
+                    .await?,
+                );
+            }
             flat.push((target.kind, rows));
         }
     }
@@ -561,8 +582,8 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     if !flat.is_empty() {
         println!();
         println!(
-            "daemon CPU per request that fits, one client, against the session's live spans ({} requests per row):",
-            args.flat_requests
+            "daemon CPU per request that fits, one client, against the session's live spans, then {} clients at the first size ({} requests per row):",
+            args.flat_clients, args.flat_requests
         );
         println!();
         for (kind, rows) in &flat {
