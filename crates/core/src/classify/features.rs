@@ -148,10 +148,18 @@ pub enum Feature {
     /// Words that tell what was seen ("yet", "either", "this time",
     /// "weird"): a report of an outcome, not a rule.
     Observed,
+    /// A directive that opens a clause inside the sentence, after a comma
+    /// or dash or after "so": "the db is shared with QA, so leave it
+    /// alone", "the vendored dir is generated, keep your edits out of it".
+    ClauseDirective,
+    /// A reason given for keeping to something, or what happens when it
+    /// is not kept: "otherwise", "or else", "gets rejected", "won't pass
+    /// review", "has bitten us".
+    Justified,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::Observed as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::Justified as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -205,6 +213,8 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::Maintaining,
     Feature::TaskContent,
     Feature::Observed,
+    Feature::ClauseDirective,
+    Feature::Justified,
 ];
 
 impl Feature {
@@ -261,6 +271,8 @@ impl Feature {
             Feature::Maintaining => "maintaining",
             Feature::TaskContent => "task_content",
             Feature::Observed => "observed",
+            Feature::ClauseDirective => "clause_directive",
+            Feature::Justified => "justified",
         }
     }
 }
@@ -686,7 +698,11 @@ fn describe(c: &Cut<'_>) -> Features {
     let first = word(start);
     let second = word(start + 1);
 
-    let neg = found.has(Set::NegModal);
+    // "leave the staging db alone": a prohibition around its object.
+    let leave_alone = w.iter().enumerate().any(|(i, x)| {
+        matches!(x.as_ref(), "leave" | "leaves") && w[i + 1..].iter().take(6).any(|y| y == "alone")
+    });
+    let neg = found.has(Set::NegModal) || leave_alone;
     let req = found.has(Set::ReqModal);
     let restrict = found.has(Set::Restrict);
     if neg {
@@ -890,6 +906,28 @@ fn describe(c: &Cut<'_>) -> Features {
     }
     if found.has(Set::Observed) {
         f.set(Feature::Observed);
+    }
+    // A clause that opens with a directive, past a filler: after a comma
+    // or dash, or after "so" ("the db is shared with QA, so leave it
+    // alone", "… so please keep …", "… so no pushes to main"); not "never"
+    // before a past form ("…, never seen it before").
+    let opens_clause = |k: usize| {
+        let at = (k..w.len())
+            .find(|&i| !lx.is(i, class::LEAD_FILLER))
+            .unwrap_or(w.len());
+        let next = word(at + 1);
+        let forbids = (matches!(word(at), "don't" | "dont" | "never" | "always")
+            || (word(at) == "do" && next == "not"))
+            && !found_past(next)
+            && !regular_past(next, lx, at + 1);
+        at > start && at < w.len() && (forbids || lx.is(at, class::IMPERATIVE) || ban_at(at))
+    };
+    let after_so = (start + 1..w.len()).filter(|&i| w[i - 1] == "so");
+    if !c.question_mark && c.breaks.iter().copied().chain(after_so).any(opens_clause) {
+        f.set(Feature::ClauseDirective);
+    }
+    if found.has(Set::Justified) {
+        f.set(Feature::Justified);
     }
     if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
@@ -1401,6 +1439,43 @@ mod tests {
         assert!(may_mark_output("at main.rs:12"));
         assert!(!may_mark_output("Keep It Short, please"));
         assert!(!may_mark_output("see (the docs) for: details"));
+    }
+
+    #[test]
+    fn rules_stated_after_a_fact_or_with_a_reason() {
+        // A directive opening a clause inside the sentence.
+        for text in [
+            "the staging db is shared with QA so leave it alone",
+            "the vendored dir is generated, keep your edits out of it",
+            "the legal team reads these, so no slang anywhere",
+            "we ship on thursdays, never on fridays",
+        ] {
+            assert!(
+                on(text).contains(&"clause_directive"),
+                "{text}: {:?}",
+                on(text)
+            );
+        }
+        for text in [
+            "leave the lockfile alone",
+            "the import failed, never seen that before",
+            "the db is shared with QA, so should we leave it alone?",
+            "the build went green after the retry",
+        ] {
+            assert!(
+                !on(text).contains(&"clause_directive"),
+                "{text}: {:?}",
+                on(text)
+            );
+        }
+        // "leave … alone" forbids around its object.
+        assert!(on("leave the generated client alone").contains(&"neg_modal"));
+        assert!(on("the api keys stay out of git").contains(&"neg_modal"));
+        assert!(!on("I left the old handler as it was").contains(&"neg_modal"));
+        // A reason, or what happens when the rule is not kept.
+        assert!(on("pin exact versions, ranges have bitten us").contains(&"justified"));
+        assert!(on("cap retries at 3, they ban us otherwise").contains(&"justified"));
+        assert!(!on("the retries all went through").contains(&"justified"));
     }
 
     fn on(text: &str) -> Vec<&'static str> {

@@ -156,7 +156,17 @@ pub(super) const NEG_MODAL_PHRASES: &[&str] = &[
     "off limits",
     "keep away from",
     "stay away from",
+    "keep out of",
+    "stay out of",
+    "stays out of",
+    "steer clear of",
+    "stay clear of",
     "hands off",
+    "not ok",
+    "not okay",
+    "not acceptable",
+    "a no-go",
+    "a no go",
     "not ever",
     "rather you didn't",
     "rather you did not",
@@ -186,6 +196,23 @@ pub(super) const NEG_MODAL_WORDS: &[&str] = &[
 ];
 
 pub(super) const REQ_MODAL_PHRASES: &[&str] = &[
+    // An approval the writer keeps for themself.
+    "my ok",
+    "my okay",
+    "my approval",
+    "my sign-off",
+    "my sign off",
+    "my go-ahead",
+    "my go ahead",
+    "my blessing",
+    "check with me",
+    "ask me first",
+    "ask me before",
+    "ping me first",
+    "ping me before",
+    "run it by me",
+    "goes through me",
+    "go through me",
     "make sure",
     "be sure",
     "need to",
@@ -197,6 +224,35 @@ pub(super) const REQ_MODAL_PHRASES: &[&str] = &[
     "do not forget",
     "got to",
     "is a must",
+];
+
+/// Reasons given for keeping to something, or what happens when it is
+/// not kept: a rule's justification.
+pub(super) const JUSTIFICATIONS: &[&str] = &[
+    "otherwise",
+    "or else",
+    "gets rejected",
+    "get rejected",
+    "will be rejected",
+    "won't pass",
+    "wont pass",
+    "will not pass",
+    "fails review",
+    "fail review",
+    "has bitten us",
+    "have bitten us",
+    "bit us",
+    "burned us",
+    "burnt us",
+    "ban us",
+    "gets wiped",
+    "get wiped",
+    "gets overwritten",
+    "get overwritten",
+    "for compliance",
+    "compliance reasons",
+    "legal reasons",
+    "security reasons",
 ];
 
 pub(super) const REQ_MODAL_WORDS: &[&str] = &[
@@ -1753,6 +1809,7 @@ pub(super) enum Set {
     Again,
     Deictic,
     Quantifier,
+    Justified,
 }
 
 /// Which sets a segment's words touched.
@@ -1929,6 +1986,7 @@ impl Matcher {
                 (Set::Again, &["again"]),
                 (Set::Deictic, DEICTIC),
                 (Set::Quantifier, QUANTIFIERS),
+                (Set::Justified, JUSTIFICATIONS),
             ];
             let classes: &[(u32, &[&str])] = &[
                 (class::LEAD_FILLER, LEAD_FILLERS),
