@@ -322,30 +322,35 @@ pub(crate) fn analyse_in<'t>(text: &'t str, code: &[(usize, usize)]) -> Analysis
     Analysis { words, hits }
 }
 
-/// The first words of all phrases, sorted: most words start none, and are
-/// rejected with one binary search.
-fn first_words() -> &'static [&'static str] {
-    static FIRST: OnceLock<Vec<&'static str>> = OnceLock::new();
-    FIRST.get_or_init(|| {
-        let mut v: Vec<&'static str> = PHRASES
-            .iter()
-            .filter_map(|p| p.words.first().copied())
-            .collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+/// The phrases by their first word, each word's in the order of
+/// [`PHRASES`], sorted by that word: most words start none, and are
+/// rejected with one binary search; a word that starts some is tried
+/// against those alone.
+fn by_first_word() -> &'static [(&'static str, Vec<&'static Phrase>)] {
+    static INDEX: OnceLock<Vec<(&'static str, Vec<&'static Phrase>)>> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        let mut index: Vec<(&'static str, Vec<&'static Phrase>)> = Vec::new();
+        for phrase in PHRASES {
+            let Some(&first) = phrase.words.first() else {
+                continue;
+            };
+            match index.iter_mut().find(|(w, _)| *w == first) {
+                Some((_, list)) => list.push(phrase),
+                None => index.push((first, vec![phrase])),
+            }
+        }
+        index.sort_unstable_by_key(|(w, _)| *w);
+        index
     })
 }
 
 fn match_phrase<'p>(words: &[Word], i: usize, consumed: &[bool]) -> Option<(&'p Phrase, usize)> {
-    if first_words()
-        .binary_search(&words[i].text.as_ref())
-        .is_err()
-    {
-        return None;
-    }
+    let index = by_first_word();
+    let at = index
+        .binary_search_by(|(w, _)| (*w).cmp(words[i].text.as_ref()))
+        .ok()?;
     let mut best: Option<(&Phrase, usize)> = None;
-    for phrase in PHRASES {
+    for &phrase in &index[at].1 {
         let n = phrase.words.len();
         if i + n > words.len() || best.is_some_and(|(_, len)| len >= n) {
             continue;
