@@ -232,8 +232,12 @@ async fn constraints_are_compressed_only_once_narrative_is_exhausted() {
         .unwrap()
         .budget_tokens;
     let mut admitted = HashMap::new();
+    // Classed by the caller: what this test holds is how constraints are
+    // compressed, not how the classifier reads them (its tests and the
+    // classify bench do).
     for text in WORDY {
-        let reply = admit(&mut client, "squeeze", vec![span(Role::User, text)])
+        let constraint = classed(Role::User, SpanClass::Constraint, text);
+        let reply = admit(&mut client, "squeeze", vec![constraint])
             .await
             .unwrap();
         let s = &reply.spans[0];
