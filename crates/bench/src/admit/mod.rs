@@ -522,7 +522,7 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
     if !args.no_flat {
         for target in &targets {
             settle(target.daemon.pid()).await;
-            let rows = flat::rows(
+            let mut rows = flat::rows(
                 &target.channels[0],
                 target.daemon.pid(),
                 target.daemon.metrics,
@@ -531,7 +531,6 @@ pub async fn run(args: &AdmitArgs) -> Result<(), Failure> {
                 args.flat_requests,
             )
             .await?;
-            let mut rows = rows;
             if let Some(&size) = args.flat_sizes.first() {
                 settle(target.daemon.pid()).await;
                 rows.extend(

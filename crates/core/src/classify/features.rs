@@ -740,9 +740,7 @@ fn describe(c: &Cut<'_>) -> Features {
     });
     // A short label opens with a noun ("Log lines: JSON"), not a verb.
     let labelled = label.is_some_and(|k| k <= 3);
-    let imperative = ((lx.is(start, class::IMPERATIVE)
-        || matches!(first, "don't" | "dont" | "never" | "always")
-        || (first == "do" && second == "not"))
+    let imperative = ((lx.is(start, class::IMPERATIVE) || opens_absolute(first, second))
         && !c.question_mark
         && !labelled)
         || (request_frame && lx.is(verb_at, class::IMPERATIVE));
@@ -916,10 +914,8 @@ fn describe(c: &Cut<'_>) -> Features {
             .find(|&i| !lx.is(i, class::LEAD_FILLER))
             .unwrap_or(w.len());
         let next = word(at + 1);
-        let forbids = (matches!(word(at), "don't" | "dont" | "never" | "always")
-            || (word(at) == "do" && next == "not"))
-            && !found_past(next)
-            && !regular_past(next, lx, at + 1);
+        let forbids =
+            opens_absolute(word(at), next) && !found_past(next) && !regular_past(next, lx, at + 1);
         at > start && at < w.len() && (forbids || lx.is(at, class::IMPERATIVE) || ban_at(at))
     };
     let after_so = (start + 1..w.len()).filter(|&i| w[i - 1] == "so");
@@ -987,6 +983,12 @@ fn describe(c: &Cut<'_>) -> Features {
         f.set(Feature::SpecificObject);
     }
     f
+}
+
+/// Whether a directive opens on `first` (then `second`) with a word that
+/// forbids or binds always: "don't", "never", "always", "do not".
+fn opens_absolute(first: &str, second: &str) -> bool {
+    matches!(first, "don't" | "dont" | "never" | "always") || (first == "do" && second == "not")
 }
 
 /// Whether the words from `from` on, after particles ("clean up the …",
