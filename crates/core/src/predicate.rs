@@ -32,9 +32,12 @@
 //! `write`, `stage`, `namespace`.
 
 use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use crate::classify::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char, modality_name};
-use crate::fasthash::{self, FastMap, FastSet};
+use hashbrown::HashTable;
+
+use crate::fasthash::{self, FastMap, FastState};
 use crate::span::{Modality, Predicate, PredicateSource};
 use crate::text::{char_at, chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};
 use crate::tokens::TokenCounter;
@@ -231,7 +234,7 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
     let modality = modality
         .or_else(|| analysis.primary().map(|h| h.modality))
         .unwrap_or(Modality::Requirement);
-    let mut terms = Terms::default();
+    let mut terms = Terms::for_text(text);
 
     // 1. Verbatim code and quotes.
     for &(start, end) in &code {
@@ -341,19 +344,32 @@ pub fn derive(text: &str, modality: Option<Modality>) -> Predicate {
     }
 }
 
+/// Terms and words a predicate's sets hold before they grow, and the
+/// bytes of their lower-cased text.
+const TERMS_ROOM: usize = 48;
+const TERM_BYTES_ROOM: usize = 512;
+
 #[derive(Default)]
 struct Terms {
     list: Vec<String>,
     /// The terms so far, lower-cased.
-    seen: FastSet<String>,
+    seen: LoweredSet,
     /// The lower-cased words of every term so far.
-    words: FastSet<String>,
+    words: LoweredSet,
     structured: usize,
-    /// Where a term or word is lower-cased when it has capitals.
-    buf: String,
 }
 
 impl Terms {
+    /// Room for the terms of a predicate of `text` at most a few dozen
+    /// terms long, without growing.
+    fn for_text(text: &str) -> Terms {
+        Terms {
+            seen: LoweredSet::with_room(TERMS_ROOM, text.len().min(TERM_BYTES_ROOM)),
+            words: LoweredSet::with_room(TERMS_ROOM, text.len().min(TERM_BYTES_ROOM)),
+            ..Terms::default()
+        }
+    }
+
     /// Whether a word is already required, alone or inside a term.
     fn covers(&self, word: &str) -> bool {
         self.words.contains(word)
@@ -361,12 +377,12 @@ impl Terms {
 
     fn push(&mut self, term: &str) -> bool {
         let term = term.trim();
-        if term.is_empty() || !insert_lowered(&mut self.seen, term, &mut self.buf) {
+        if term.is_empty() || !self.seen.insert_lowered(term) {
             return false;
         }
         for w in term.split(|c: char| !is_word_char(c) && c != '\'') {
             if !w.is_empty() {
-                insert_lowered(&mut self.words, w, &mut self.buf);
+                self.words.insert_lowered(w);
             }
         }
         self.list.push(term.to_string());
@@ -380,21 +396,71 @@ impl Terms {
     }
 }
 
-/// Adds `s`, lower-cased, to `set`, copied only when it is new; whether it
-/// was. `buf` holds the lower-cased form when `s` has capitals.
-fn insert_lowered(set: &mut FastSet<String>, s: &str, buf: &mut String) -> bool {
-    let lower = if s.is_ascii() {
-        crate::relevance::lowered(s, true, buf)
-    } else {
-        // `str::to_lowercase`, which knows a final sigma.
-        *buf = s.to_lowercase();
-        buf.as_str()
-    };
-    if set.contains(lower) {
-        return false;
+/// Lower-cased strings, written one after another into one buffer and
+/// found by their hash: a predicate's few dozen terms and words cost no
+/// allocation each.
+#[derive(Default)]
+struct LoweredSet {
+    /// Every member's lower-cased bytes, in the order added.
+    bytes: String,
+    /// Each member's byte range in `bytes`, by the hash of its text.
+    members: HashTable<(u32, u32)>,
+    hasher: FastState,
+}
+
+impl LoweredSet {
+    fn with_room(members: usize, bytes: usize) -> LoweredSet {
+        LoweredSet {
+            bytes: String::with_capacity(bytes),
+            members: HashTable::with_capacity(members),
+            hasher: FastState::default(),
+        }
     }
-    set.insert(lower.to_owned());
-    true
+
+    fn member(bytes: &str, (start, end): (u32, u32)) -> &str {
+        bytes.get(start as usize..end as usize).unwrap_or_default()
+    }
+
+    /// Whether `lowered`, already lower-cased, is a member.
+    fn contains(&self, lowered: &str) -> bool {
+        let hash = self.hasher.hash_one(lowered);
+        self.members
+            .find(hash, |&m| Self::member(&self.bytes, m) == lowered)
+            .is_some()
+    }
+
+    /// Adds `s` lower-cased (by `str::to_lowercase` when it is not ASCII,
+    /// which knows a final sigma); whether it was new.
+    fn insert_lowered(&mut self, s: &str) -> bool {
+        let start = self.bytes.len();
+        if s.is_ascii() {
+            self.bytes.push_str(s);
+            self.bytes[start..].make_ascii_lowercase();
+        } else {
+            self.bytes.push_str(&s.to_lowercase());
+        }
+        // A predicate's terms come from one span's text: far below 4 GiB.
+        let (Ok(first), Ok(end)) = (u32::try_from(start), u32::try_from(self.bytes.len())) else {
+            self.bytes.truncate(start);
+            return false;
+        };
+        let lowered = &self.bytes[start..];
+        let hash = self.hasher.hash_one(lowered);
+        let bytes = &self.bytes;
+        if self
+            .members
+            .find(hash, |&m| Self::member(bytes, m) == lowered)
+            .is_some()
+        {
+            self.bytes.truncate(start);
+            return false;
+        }
+        let (bytes, hasher) = (&self.bytes, &self.hasher);
+        self.members.insert_unique(hash, (first, end), |&m| {
+            hasher.hash_one(Self::member(bytes, m))
+        });
+        true
+    }
 }
 
 /// The distance in words from `i` to the nearest of sorted, disjoint word
