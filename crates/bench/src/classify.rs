@@ -152,6 +152,12 @@ impl Tally {
     pub fn false_pins(&self) -> usize {
         self.pinned - self.true_pins
     }
+
+    /// Doubtful spans that are not standing instructions: kept in the
+    /// tier, at the cost of its room.
+    pub fn tiered_others(&self) -> usize {
+        self.doubtful - (self.kept - self.true_pins)
+    }
 }
 
 fn ratio(a: usize, b: usize) -> f64 {
@@ -512,10 +518,10 @@ pub fn table(reports: &[(&str, SplitReport)]) -> String {
 /// One row per split: precision, recall, false pins.
 pub fn summary(reports: &[(&str, SplitReport)]) -> String {
     let mut out = String::new();
-    out.push_str("| split | user/system spans | precision | recall (pinned) | recall (pinned or doubtful) | false pins | all spans |\n|---|---|---|---|---|---|---|\n");
+    out.push_str("| split | user/system spans | precision | recall (pinned) | recall (pinned or doubtful) | false pins | others in the tier | all spans |\n|---|---|---|---|---|---|---|---|\n");
     for (name, r) in reports {
         out.push_str(&format!(
-            "| {name} | {} ({} standing) | {:.3} | {:.3} ({}/{}) | {:.3} | {} of {} | {} |\n",
+            "| {name} | {} ({} standing) | {:.3} | {:.3} ({}/{}) | {:.3} | {} of {} | {} | {} |\n",
             r.scored.n,
             r.scored.positives,
             r.scored.precision(),
@@ -525,6 +531,7 @@ pub fn summary(reports: &[(&str, SplitReport)]) -> String {
             r.scored.kept_recall(),
             r.scored.false_pins(),
             r.scored.n - r.scored.positives,
+            r.scored.tiered_others(),
             r.all.n,
         ));
     }

@@ -191,11 +191,17 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
         Some(_) => (Verdict::Standing, 1.0),
         None if scored.score >= pin => (Verdict::Standing, scored.score),
         None if scored.score >= doubt => (Verdict::Doubtful, scored.score),
+        // A hold binds until it is lifted: kept in the tier, not pinned.
+        None if scored.hold => (Verdict::Doubtful, scored.score),
         None => (Verdict::Narrative, scored.score),
     };
+    let held = phrase.is_none() && scored.hold && scored.score < doubt;
     let mut explanation = String::with_capacity(EXPLANATION_CAPACITY);
     // Writing to a String cannot fail.
     let _ = write!(explanation, "{} {:.2}:", verdict.name(), score);
+    if held {
+        explanation.push_str(" +hold");
+    }
     if let Some(p) = phrase {
         let _ = write!(explanation, " +phrase:{p:?}");
     }
@@ -371,6 +377,50 @@ mod tests {
             let c = classify_with(Role::User, text, &ClassifierTuning::default());
             assert_eq!(c.class, SpanClass::Narrative, "{text:?}: {}", c.rule);
             assert_eq!(classify(Role::User, text).class, SpanClass::Narrative);
+        }
+    }
+
+    #[test]
+    fn holds_are_kept_in_the_tier_and_not_pinned() {
+        let tuning = ClassifierTuning::default();
+        let doubt = model::builtin().doubt_threshold;
+        // Each scores as narrative, a hold the model reads as transient:
+        // the floor keeps it doubtful, in the tier.
+        for text in [
+            "no schema migrations until the quarter closes, finance is reconciling",
+            "the staging cluster is reserved for the load test till thursday so don't deploy there",
+            "keep the feature flag off until marketing announces it",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            assert_eq!(a.verdict, Verdict::Doubtful, "{text:?}: {}", a.explanation);
+            assert!(a.score < doubt, "{text:?}: {}", a.explanation);
+            assert!(
+                a.explanation.contains(" +hold "),
+                "{text:?}: {}",
+                a.explanation
+            );
+            let c = classification(&a, &tuning);
+            assert_eq!(c.class, SpanClass::Protected, "{text:?}: {}", c.rule);
+            // With the tier turned off, a hold is narrative again.
+            let off = ClassifierTuning {
+                protected_fraction: Some(0.0),
+                ..ClassifierTuning::default()
+            };
+            assert_eq!(classification(&a, &off).class, SpanClass::Narrative);
+        }
+        // Not holds: asked, reported, or what was seen.
+        for text in [
+            "should we stop deploying until the audit is over?",
+            "the release manager said no merges until friday",
+            "nothing in the queue yet",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            assert_eq!(a.verdict, Verdict::Narrative, "{text:?}: {}", a.explanation);
+            assert!(
+                !a.explanation.contains("+hold"),
+                "{text:?}: {}",
+                a.explanation
+            );
         }
     }
 }

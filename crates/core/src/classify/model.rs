@@ -41,6 +41,30 @@ pub struct Scored {
     /// The features of the best segment that lowered its score the most,
     /// strongest first (at most two).
     pub lowered_by: Vec<(Feature, f64)>,
+    /// Some segment holds something back for a time ([`is_hold`]),
+    /// whatever its score.
+    pub hold: bool,
+}
+
+/// Whether a segment holds something back for a time: a directive with a
+/// time limit ("no deploys until the on-call is back", "don't merge
+/// anything until the release is cut"), not asked, reported, shown as
+/// output or telling what was seen ("nothing in the logs yet"). The model reads a hold as transient, and the training
+/// split labels holds narrative; but a hold binds until it is lifted,
+/// which may be days of turns away, so a hold the model scores as
+/// narrative is kept, verbatim, in the standing-instructions tier.
+pub fn is_hold(segment: &Segment) -> bool {
+    let on = |f: Feature| segment.features.get(f) != 0.0;
+    on(Feature::DirectiveTemporal)
+        && ![
+            Feature::DirectiveQuestion,
+            Feature::DirectiveReport,
+            Feature::Observed,
+            Feature::OutputLine,
+            Feature::Shown,
+        ]
+        .into_iter()
+        .any(on)
 }
 
 impl Model {
@@ -71,8 +95,10 @@ impl Model {
                 segment: None,
                 raised_by: Vec::new(),
                 lowered_by: Vec::new(),
+                hold: false,
             };
         };
+        let hold = segs.iter().any(is_hold);
         let mut parts: Vec<(Feature, f64)> = Vec::with_capacity(FEATURE_COUNT);
         parts.extend(
             ALL_FEATURES
@@ -98,6 +124,7 @@ impl Model {
             segment: Some(seg.range),
             raised_by,
             lowered_by,
+            hold,
         }
     }
 }
