@@ -38,7 +38,7 @@ fn the_chat_splits_stand_apart_and_keep_their_floors() {
     // (file, id prefix, floor of instructions kept, ceiling of false pins,
     // ceiling of other spans kept in the tier)
     let floors = [
-        ("chat-dev", "cd-", 0.92, 0.16, 0.10),
+        ("chat-dev", "cd-", 0.94, 0.16, 0.10),
         ("chat-test", "ct-", 0.95, 0.12, 0.16),
     ];
     for (split, prefix, kept_floor, false_pin_ceiling, tier_ceiling) in floors {
@@ -135,6 +135,13 @@ fn every_category_is_handled_as_labelled() {
             );
         }
     }
+    // An action the writer keeps ("tagging releases is my job") is a
+    // weaker sign than a modal: kept, pinned or in the tier.
+    let reserved = &report.by_category["reserved_action"];
+    assert!(
+        reserved.n >= 10 && reserved.kept_recall() >= 0.9 && reserved.recall() >= 0.5,
+        "reserved_action: {reserved:?}"
+    );
     // Tool and assistant output is never pinned, whatever it says.
     for category in ["tool_output", "assistant_output"] {
         assert_eq!(report.by_category[category].pinned, 0, "{category}");

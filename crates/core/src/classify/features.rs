@@ -156,10 +156,14 @@ pub enum Feature {
     /// is not kept: "otherwise", "or else", "gets rejected", "won't pass
     /// review", "has bitten us".
     Justified,
+    /// An action kept by the writer or by someone named, not the agent:
+    /// "tagging releases is my job", "leave the DNS to me", "that's
+    /// their call".
+    Reserved,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::Justified as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::Reserved as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -215,6 +219,7 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::Observed,
     Feature::ClauseDirective,
     Feature::Justified,
+    Feature::Reserved,
 ];
 
 impl Feature {
@@ -273,6 +278,7 @@ impl Feature {
             Feature::Observed => "observed",
             Feature::ClauseDirective => "clause_directive",
             Feature::Justified => "justified",
+            Feature::Reserved => "reserved",
         }
     }
 }
@@ -925,6 +931,18 @@ fn describe(c: &Cut<'_>) -> Features {
     if found.has(Set::Justified) {
         f.set(Feature::Justified);
     }
+    // "leave the vendor calls to me": kept by the writer, around its
+    // object.
+    let leave_to_me = w.iter().enumerate().any(|(i, x)| {
+        matches!(x.as_ref(), "leave" | "leaves")
+            && w[i + 1..]
+                .windows(2)
+                .take(6)
+                .any(|p| p[0] == "to" && p[1] == "me")
+    });
+    if found.has(Set::Reserved) || leave_to_me {
+        f.set(Feature::Reserved);
+    }
     if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
     }
@@ -1478,6 +1496,11 @@ mod tests {
         assert!(on("pin exact versions, ranges have bitten us").contains(&"justified"));
         assert!(on("cap retries at 3, they ban us otherwise").contains(&"justified"));
         assert!(!on("the retries all went through").contains(&"justified"));
+        assert!(on("cutting the release branch is my job").contains(&"reserved"));
+        assert!(on("leave the vendor calls to me").contains(&"reserved"));
+        assert!(!on("send the vendor calls to me").contains(&"reserved"));
+        assert!(on("the cloud bill is their call, not ours").contains(&"reserved"));
+        assert!(on("ship the logs to s3 and nowhere else").contains(&"restrict"));
     }
 
     fn on(text: &str) -> Vec<&'static str> {

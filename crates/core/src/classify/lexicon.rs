@@ -226,6 +226,33 @@ pub(super) const REQ_MODAL_PHRASES: &[&str] = &[
     "is a must",
 ];
 
+/// An action kept by the writer or by someone named, not the agent:
+/// "tagging releases is my job", "leave the DNS to me", "that's their
+/// call".
+pub(super) const RESERVATIONS: &[&str] = &[
+    "my job",
+    "my call",
+    "my decision",
+    "my responsibility",
+    "mine to",
+    "leave that to me",
+    "leave it to me",
+    "leave this to me",
+    "leave those to me",
+    "leave them to me",
+    "i'll handle",
+    "i handle",
+    "i do that myself",
+    "i'll do that myself",
+    "i'll do it myself",
+    "their call",
+    "their job",
+    "their decision",
+    "not your call",
+    "not your job",
+    "not yours to",
+];
+
 /// Reasons given for keeping to something, or what happens when it is
 /// not kept: a rule's justification.
 pub(super) const JUSTIFICATIONS: &[&str] = &[
@@ -284,6 +311,12 @@ pub(super) const RESTRICT_PHRASES: &[&str] = &[
     "nothing outside",
     "nothing other than",
     "nothing else",
+    "nowhere else",
+    "no one else",
+    "nobody else",
+    "no one but",
+    "nobody but",
+    "anywhere but",
     "except for",
     "up to",
     "or less",
@@ -1810,6 +1843,7 @@ pub(super) enum Set {
     Deictic,
     Quantifier,
     Justified,
+    Reserved,
 }
 
 /// Which sets a segment's words touched.
@@ -1987,6 +2021,7 @@ impl Matcher {
                 (Set::Deictic, DEICTIC),
                 (Set::Quantifier, QUANTIFIERS),
                 (Set::Justified, JUSTIFICATIONS),
+                (Set::Reserved, RESERVATIONS),
             ];
             let classes: &[(u32, &[&str])] = &[
                 (class::LEAD_FILLER, LEAD_FILLERS),
