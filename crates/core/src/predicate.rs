@@ -34,9 +34,9 @@
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 
-use crate::classify::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char, modality_name};
 use hashbrown::HashTable;
 
+use crate::classify::{CodeCursor, analyse, analyse_in, code_ranges, is_word_char, modality_name};
 use crate::fasthash::{self, FastMap, FastState};
 use crate::span::{Modality, Predicate, PredicateSource};
 use crate::text::{char_at, chunk_is_anchor, chunks, cut_chars, is_plain_number, is_separate_unit};

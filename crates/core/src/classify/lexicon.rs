@@ -235,11 +235,7 @@ pub(super) const RESERVATIONS: &[&str] = &[
     "my decision",
     "my responsibility",
     "mine to",
-    "leave that to me",
-    "leave it to me",
-    "leave this to me",
-    "leave those to me",
-    "leave them to me",
+    // "leave … to me" is found around its object (features.rs).
     "i'll handle",
     "i handle",
     "i do that myself",

@@ -49,10 +49,11 @@ pub struct Scored {
 /// Whether a segment holds something back for a time: a directive with a
 /// time limit ("no deploys until the on-call is back", "don't merge
 /// anything until the release is cut"), not asked, reported, shown as
-/// output or telling what was seen ("nothing in the logs yet"). The model reads a hold as transient, and the training
-/// split labels holds narrative; but a hold binds until it is lifted,
-/// which may be days of turns away, so a hold the model scores as
-/// narrative is kept, verbatim, in the standing-instructions tier.
+/// output or telling what was seen ("nothing in the logs yet"). The model
+/// reads a hold as transient, and the training split labels holds
+/// narrative; but a hold binds until it is lifted, which may be days of
+/// turns away, so a hold the model scores as narrative is kept, verbatim,
+/// in the standing-instructions tier.
 pub fn is_hold(segment: &Segment) -> bool {
     let on = |f: Feature| segment.features.get(f) != 0.0;
     on(Feature::DirectiveTemporal)
