@@ -160,10 +160,14 @@ pub enum Feature {
     /// "tagging releases is my job", "leave the DNS to me", "that's
     /// their call".
     Reserved,
+    /// Where a kind of thing is kept: "new migrations go under
+    /// db/migrations", "screenshots belong in assets/img", "API keys stay
+    /// in the secrets manager" (not "lives in", said as often of people).
+    Placement,
 }
 
 /// How many features there are.
-pub const FEATURE_COUNT: usize = Feature::Reserved as usize + 1;
+pub const FEATURE_COUNT: usize = Feature::Placement as usize + 1;
 
 /// Every feature, in index order.
 pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
@@ -220,6 +224,7 @@ pub const ALL_FEATURES: [Feature; FEATURE_COUNT] = [
     Feature::ClauseDirective,
     Feature::Justified,
     Feature::Reserved,
+    Feature::Placement,
 ];
 
 impl Feature {
@@ -279,6 +284,7 @@ impl Feature {
             Feature::ClauseDirective => "clause_directive",
             Feature::Justified => "justified",
             Feature::Reserved => "reserved",
+            Feature::Placement => "placement",
         }
     }
 }
@@ -943,6 +949,15 @@ fn describe(c: &Cut<'_>) -> Features {
     if found.has(Set::Reserved) || leave_to_me {
         f.set(Feature::Reserved);
     }
+    let placed = w.windows(2).any(|p| {
+        matches!(
+            p[0].as_ref(),
+            "go" | "goes" | "belong" | "belongs" | "stay" | "stays"
+        ) && matches!(p[1].as_ref(), "in" | "into" | "under" | "inside")
+    });
+    if placed {
+        f.set(Feature::Placement);
+    }
     if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
     }
@@ -1501,6 +1516,9 @@ mod tests {
         assert!(!on("send the vendor calls to me").contains(&"reserved"));
         assert!(on("the cloud bill is their call, not ours").contains(&"reserved"));
         assert!(on("ship the logs to s3 and nowhere else").contains(&"restrict"));
+        assert!(on("fixtures belong under tests/data").contains(&"placement"));
+        assert!(on("the backups go into cold storage").contains(&"placement"));
+        assert!(!on("the backups go to cold storage").contains(&"placement"));
     }
 
     fn on(text: &str) -> Vec<&'static str> {
