@@ -711,8 +711,8 @@ fn describe(c: &Cut<'_>) -> Features {
     let second = word(start + 1);
 
     // "leave the staging db alone": a prohibition around its object.
-    let leave_alone = w.iter().enumerate().any(|(i, x)| {
-        matches!(x.as_ref(), "leave" | "leaves") && w[i + 1..].iter().take(6).any(|y| y == "alone")
+    let leave_alone = leave_then(w, |after| {
+        after.iter().take(LEAVE_REACH).any(|y| y == "alone")
     });
     let neg = found.has(Set::NegModal) || leave_alone;
     let req = found.has(Set::ReqModal);
@@ -939,12 +939,11 @@ fn describe(c: &Cut<'_>) -> Features {
     }
     // "leave the vendor calls to me": kept by the writer, around its
     // object.
-    let leave_to_me = w.iter().enumerate().any(|(i, x)| {
-        matches!(x.as_ref(), "leave" | "leaves")
-            && w[i + 1..]
-                .windows(2)
-                .take(6)
-                .any(|p| p[0] == "to" && p[1] == "me")
+    let leave_to_me = leave_then(w, |after| {
+        after
+            .windows(2)
+            .take(LEAVE_REACH)
+            .any(|p| p[0] == "to" && p[1] == "me")
     });
     if found.has(Set::Reserved) || leave_to_me {
         f.set(Feature::Reserved);
@@ -1017,6 +1016,18 @@ fn describe(c: &Cut<'_>) -> Features {
     }
     f
 }
+
+/// Whether some "leave" or "leaves" is followed by words for which
+/// `after` holds ("leave the staging db alone", "leave the vendor calls
+/// to me").
+fn leave_then(w: &[Cow<'_, str>], after: impl Fn(&[Cow<'_, str>]) -> bool) -> bool {
+    w.iter()
+        .enumerate()
+        .any(|(i, x)| matches!(x.as_ref(), "leave" | "leaves") && after(&w[i + 1..]))
+}
+
+/// How far past "leave" the word that completes it may start.
+const LEAVE_REACH: usize = 6;
 
 /// Whether a directive opens on `first` (then `second`) with a word that
 /// forbids or binds always: "don't", "never", "always", "do not".

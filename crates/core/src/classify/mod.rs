@@ -187,15 +187,15 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
     let phrase = matching_phrase(text, tuning);
     let pin = tuning.pin_threshold.unwrap_or(model.pin_threshold);
     let doubt = model.doubt_threshold.min(pin);
-    let (verdict, score) = match phrase {
-        Some(_) => (Verdict::Standing, 1.0),
-        None if scored.score >= pin => (Verdict::Standing, scored.score),
-        None if scored.score >= doubt => (Verdict::Doubtful, scored.score),
+    // `held`: doubtful only because it is a hold.
+    let (verdict, score, held) = match phrase {
+        Some(_) => (Verdict::Standing, 1.0, false),
+        None if scored.score >= pin => (Verdict::Standing, scored.score, false),
+        None if scored.score >= doubt => (Verdict::Doubtful, scored.score, false),
         // A hold binds until it is lifted: kept in the tier, not pinned.
-        None if scored.hold => (Verdict::Doubtful, scored.score),
-        None => (Verdict::Narrative, scored.score),
+        None if scored.hold => (Verdict::Doubtful, scored.score, true),
+        None => (Verdict::Narrative, scored.score, false),
     };
-    let held = phrase.is_none() && scored.hold && scored.score < doubt;
     let mut explanation = String::with_capacity(EXPLANATION_CAPACITY);
     // Writing to a String cannot fail.
     let _ = write!(explanation, "{} {:.2}:", verdict.name(), score);
