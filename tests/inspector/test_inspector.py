@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 from ctxbroker_client import Broker, LocalDaemon, find_binary, pb, tool, user
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -138,12 +137,25 @@ def shot(driver: WebDriver, name: str, height: int | None = None) -> None:
 
 
 def text(driver: WebDriver, element_id: str) -> str:
-    return driver.find_element(By.ID, element_id).text.strip()
+    """The element's visible text, or "" while the page has none by that id.
+
+    Read in one script so a page replaced between finding the element and
+    reading it (a form's answer, a live update) cannot leave a dangling node.
+    """
+    found = driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.innerText : null;",
+        element_id,
+    )
+    return found.strip() if isinstance(found, str) else ""
 
 
 def class_tokens(driver: WebDriver, name: str) -> int:
-    row = driver.find_element(By.CSS_SELECTOR, f'#window-numbers tr[data-class="{name}"]')
-    return int(row.find_element(By.CSS_SELECTOR, '[data-field="tokens"]').text)
+    cell = driver.execute_script(
+        "const c = document.querySelector(arguments[0]); return c ? c.innerText : null;",
+        f'#window-numbers tr[data-class="{name}"] [data-field="tokens"]',
+    )
+    assert isinstance(cell, str), f"no token count for class {name}"
+    return int(cell)
 
 
 def test_the_window_the_live_markers_and_bad_input(
@@ -246,9 +258,7 @@ def test_a_tenants_token_logs_in_sees_its_own_and_follows_live(browser: WebDrive
             browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
             # The form's answer replaces the page, whose own #problem said
             # that no credentials were sent: wait for the new one.
-            WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
-                lambda d: "unknown token" in text(d, "problem")
-            )
+            WebDriverWait(browser, 10).until(lambda d: "unknown token" in text(d, "problem"))
             # The watcher's token: its tenant's session, by its bare id.
             browser.find_element(By.ID, "token").send_keys(watcher)
             browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
