@@ -72,6 +72,11 @@ pub(super) async fn run(args: &AdmitArgs, workload: &Workload) -> Result<(), Fai
         let wrapper = [
             "valgrind".to_owned(),
             "--tool=callgrind".to_owned(),
+            // valgrind runs one thread at a time; without a fair lock on
+            // that, a thread spinning on a lock with sched_yield (the
+            // engine's thread pool starting) can keep the holder from
+            // running for minutes.
+            "--fair-sched=yes".to_owned(),
             "--quiet".to_owned(),
             format!("--callgrind-out-file={}", file.display()),
         ];
