@@ -315,6 +315,9 @@ pub struct Segment {
     pub range: (usize, usize),
     /// Its features.
     pub features: Features,
+    /// Whether it states a practice of the writer's team ([`practice`]).
+    /// Not a feature of the model: it keeps a span in the tier.
+    pub practice: bool,
 }
 
 /// The word that stands for a run of code.
@@ -442,9 +445,11 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
             {
                 f.set(Feature::LeadingDirective);
             }
+            let practice = practice(&c) && !PRACTICE_UNLESS.iter().any(|x| f.on(*x));
             Segment {
                 range: (c.start, c.end),
                 features: f,
+                practice,
             }
         });
     out.extend(described);
@@ -1028,6 +1033,260 @@ fn leave_then(w: &[Cow<'_, str>], after: impl Fn(&[Cow<'_, str>]) -> bool) -> bo
 
 /// How far past "leave" the word that completes it may start.
 const LEAVE_REACH: usize = 6;
+
+/// Verbs of a team's way of working, as "we" says them: what it uses,
+/// keeps, names, builds, ships and checks. A verb of what happens to the
+/// team ("we hit", "we lose", "we get") or of thinking ("we think") is not
+/// here.
+const PRACTICE_VERBS: &[&str] = &[
+    "annotate",
+    "approve",
+    "archive",
+    "audit",
+    "avoid",
+    "backport",
+    "batch",
+    "branch",
+    "build",
+    "bump",
+    "bundle",
+    "cache",
+    "cap",
+    "commit",
+    "compile",
+    "compress",
+    "configure",
+    "containerize",
+    "cut",
+    "default",
+    "deploy",
+    "document",
+    "encode",
+    "encrypt",
+    "enforce",
+    "escape",
+    "export",
+    "follow",
+    "format",
+    "gate",
+    "generate",
+    "hash",
+    "host",
+    "ignore",
+    "import",
+    "indent",
+    "isolate",
+    "keep",
+    "label",
+    "lint",
+    "lock",
+    "log",
+    "merge",
+    "migrate",
+    "mirror",
+    "mock",
+    "name",
+    "namespace",
+    "normalize",
+    "package",
+    "paginate",
+    "partition",
+    "pin",
+    "prefer",
+    "prefix",
+    "provision",
+    "prune",
+    "publish",
+    "push",
+    "put",
+    "read",
+    "rebase",
+    "release",
+    "replicate",
+    "require",
+    "retry",
+    "review",
+    "rotate",
+    "round",
+    "route",
+    "run",
+    "sanitize",
+    "scan",
+    "seed",
+    "serialize",
+    "shard",
+    "ship",
+    "sign",
+    "sort",
+    "split",
+    "squash",
+    "standardize",
+    "stick",
+    "store",
+    "suffix",
+    "tag",
+    "target",
+    "template",
+    "test",
+    "throttle",
+    "track",
+    "treat",
+    "typecheck",
+    "use",
+    "validate",
+    "vendor",
+    "version",
+    "wrap",
+    "write",
+];
+
+/// Adverbs that may stand between "we" and the verb of a practice.
+const PRACTICE_ADVERBS: &[&str] = &[
+    "all",
+    "always",
+    "also",
+    "consistently",
+    "generally",
+    "just",
+    "normally",
+    "only",
+    "strictly",
+    "typically",
+    "usually",
+];
+
+/// Words right after the verb that make it something that happened, or
+/// an amount, rather than a practice: "we run out of memory", "we run
+/// into the limit", "we use about 70 % of it", "we use a lot of disk".
+const PRACTICE_NOT_FOLLOWED_BY: &[&str] = &[
+    "out",
+    "into",
+    "across",
+    "over",
+    "about",
+    "around",
+    "roughly",
+    "approximately",
+    "most",
+    "lots",
+    "tons",
+];
+
+/// Words after "and" that open a clause of its own: "we push to main and
+/// the pipeline goes red" tells what followed, where "we lint with ruff
+/// and format with black" goes on with the practice.
+const NEXT_SUBJECTS: &[&str] = &[
+    "it",
+    "that",
+    "this",
+    "they",
+    "he",
+    "she",
+    "the",
+    "nothing",
+    "everything",
+    "someone",
+    "somebody",
+    "nobody",
+    "suddenly",
+    "now",
+];
+
+/// What a segment says that makes it no practice: a question, what
+/// happened or was seen, one step, a time limit, someone else's words, a
+/// guess, or output.
+const PRACTICE_UNLESS: [Feature; 12] = [
+    Feature::Question,
+    Feature::QuestionOpening,
+    Feature::Past,
+    Feature::Observed,
+    Feature::StepLocal,
+    Feature::Deictic,
+    Feature::Temporal,
+    Feature::Report,
+    Feature::Attributed,
+    Feature::Epistemic,
+    Feature::Shown,
+    Feature::OutputLine,
+];
+
+/// Whether the words state a practice of the writer's team: "we pin base
+/// images by digest", "in this repo we use pnpm", "timestamps: we store
+/// UTC", "the team squashes every merge". The subject opens the segment,
+/// its label or a clause after a comma, or follows a short place
+/// ("in this repo", "on the backend", "around here"); an adverb of habit
+/// may come before the verb. Not a practice: "here we loop over …" walks
+/// through code, "when we deploy, …" is a condition, and a sequence of
+/// events ("we deploy and then …", "we merge it and the bot reverts it",
+/// "… but the build fails", "…, which is slow") tells what happens.
+fn practice(c: &Cut<'_>) -> bool {
+    let w = &c.words[..];
+    let start = first_content(&c.lexed);
+    let tells = w.iter().enumerate().any(|(i, x)| match x.as_ref() {
+        "then" | "but" => true,
+        "and" => w
+            .get(i + 1)
+            .is_some_and(|n| NEXT_SUBJECTS.contains(&n.as_ref())),
+        "which" => c.breaks.contains(&i),
+        _ => false,
+    });
+    if tells {
+        return false;
+    }
+    // Where a subject may stand: the segment's first word, right after a
+    // comma or a label's colon, or after a place of at most four words.
+    let opens = |i: usize| {
+        i == start
+            || c.breaks.contains(&i)
+            || c.colon_after == Some(i)
+            || (i > start
+                && i - start <= 4
+                && matches!(
+                    w[start].as_ref(),
+                    "in" | "on" | "at" | "around" | "across" | "for"
+                )
+                && !w[start..i].iter().any(|x| x == "if" || x == "when"))
+    };
+    (0..w.len()).any(|i| {
+        let (subject, third_person) = match w[i].as_ref() {
+            "we" => (Some(i), false),
+            "everyone" | "everybody" => (Some(i), true),
+            "team" => (
+                i.checked_sub(1)
+                    .filter(|&d| matches!(w[d].as_ref(), "the" | "our")),
+                true,
+            ),
+            _ => return false,
+        };
+        if !subject.is_some_and(opens) {
+            return false;
+        }
+        let Some(verb) =
+            (i + 1..w.len().min(i + 4)).find(|&k| !PRACTICE_ADVERBS.contains(&w[k].as_ref()))
+        else {
+            return false;
+        };
+        let said = w[verb].as_ref();
+        let base = if third_person {
+            said.strip_suffix("es")
+                .filter(|b| b.ends_with(['s', 'h', 'x']))
+                .or_else(|| said.strip_suffix('s'))
+        } else {
+            Some(said)
+        };
+        let Some(base) = base.filter(|b| PRACTICE_VERBS.contains(b)) else {
+            return false;
+        };
+        let next = w.get(verb + 1).map_or("", |n| n.as_ref());
+        let happened = PRACTICE_NOT_FOLLOWED_BY.contains(&next)
+            // "we keep getting 429s": what goes on happening.
+            || (base == "keep" && next.ends_with("ing"))
+            // "we log in with the admin account".
+            || (base == "log" && matches!(next, "in" | "on" | "out"))
+            || (next == "a" && w.get(verb + 2).is_some_and(|n| n == "lot"));
+        !happened
+    })
+}
 
 /// Whether a directive opens on `first` (then `second`) with a word that
 /// forbids or binds always: "don't", "never", "always", "do not".

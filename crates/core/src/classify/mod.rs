@@ -52,6 +52,14 @@
 //! pinned by mistake is unpinned by the caller (Unpin), which the marker
 //! records.
 //!
+//! Two kinds of sentence the model reads as narrative are kept in the tier
+//! all the same, never pinned, and marked in the explanation: a hold
+//! (`+hold`, "no deploys until the on-call is back"), which binds until it
+//! is lifted, and a practice of the writer's team stated as a plain fact
+//! (`+practice`, "we pin base images by digest", "in this repo we use
+//! pnpm"; see [`features::Segment::practice`]), which binds as long as the
+//! work goes on and carries no modal word for the model to find.
+//!
 //! The modal phrase rules ([`modal`]) still name a constraint's modality
 //! for its predicate and check that a compressed form keeps it.
 
@@ -187,20 +195,22 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
     let phrase = matching_phrase(text, tuning);
     let pin = tuning.pin_threshold.unwrap_or(model.pin_threshold);
     let doubt = model.doubt_threshold.min(pin);
-    // `held`: doubtful only because it is a hold.
-    let (verdict, score, held) = match phrase {
-        Some(_) => (Verdict::Standing, 1.0, false),
-        None if scored.score >= pin => (Verdict::Standing, scored.score, false),
-        None if scored.score >= doubt => (Verdict::Doubtful, scored.score, false),
-        // A hold binds until it is lifted: kept in the tier, not pinned.
-        None if scored.hold => (Verdict::Doubtful, scored.score, true),
-        None => (Verdict::Narrative, scored.score, false),
+    // `kept_for`: doubtful only because it is a hold or a practice.
+    let (verdict, score, kept_for) = match phrase {
+        Some(_) => (Verdict::Standing, 1.0, None),
+        None if scored.score >= pin => (Verdict::Standing, scored.score, None),
+        None if scored.score >= doubt => (Verdict::Doubtful, scored.score, None),
+        // A hold binds until it is lifted, and a team's practice as long as
+        // the work goes on: kept in the tier, not pinned.
+        None if scored.hold => (Verdict::Doubtful, scored.score, Some(" +hold")),
+        None if scored.practice => (Verdict::Doubtful, scored.score, Some(" +practice")),
+        None => (Verdict::Narrative, scored.score, None),
     };
     let mut explanation = String::with_capacity(EXPLANATION_CAPACITY);
     // Writing to a String cannot fail.
     let _ = write!(explanation, "{} {:.2}:", verdict.name(), score);
-    if held {
-        explanation.push_str(" +hold");
+    if let Some(mark) = kept_for {
+        explanation.push_str(mark);
     }
     if let Some(p) = phrase {
         let _ = write!(explanation, " +phrase:{p:?}");
@@ -381,40 +391,60 @@ mod tests {
     }
 
     #[test]
-    fn holds_are_kept_in_the_tier_and_not_pinned() {
+    fn holds_and_practices_are_kept_in_the_tier_and_not_pinned() {
         let tuning = ClassifierTuning::default();
         let off = ClassifierTuning {
             protected_fraction: Some(0.0),
             ..ClassifierTuning::default()
         };
         let doubt = model::builtin().doubt_threshold;
-        // (text, a hold): each scores as narrative; a hold is kept
-        // doubtful, in the tier, and narrative again with the tier off.
-        // Not holds: asked, reported, or telling what was seen.
-        for (text, hold) in [
+        // (text, why it is kept): each scores as narrative; a hold or a
+        // practice is kept doubtful, in the tier, and narrative again with
+        // the tier off. Neither: asked, reported, telling what was seen,
+        // walking through code, or telling what happened.
+        for (text, kept_for) in [
             (
                 "no schema migrations until the quarter closes, finance is reconciling",
-                true,
+                Some("+hold"),
             ),
             (
                 "the staging cluster is reserved for the load test till thursday so don't deploy there",
-                true,
+                Some("+hold"),
             ),
             (
                 "keep the feature flag off until marketing announces it",
-                true,
+                Some("+hold"),
             ),
-            ("should we stop deploying until the audit is over?", false),
-            ("the release manager said no merges until friday", false),
-            ("nothing in the queue yet", false),
+            ("should we stop deploying until the audit is over?", None),
+            ("the release manager said no merges until friday", None),
+            ("nothing in the queue yet", None),
+            ("we bundle the frontend with esbuild", Some("+practice")),
+            (
+                "in the payments service we usually round amounts half-up",
+                Some("+practice"),
+            ),
+            (
+                "the team tags releases from the main branch",
+                Some("+practice"),
+            ),
+            ("heads up, we vendor the protobuf files", Some("+practice")),
+            ("here we loop over the rows and call save", None),
+            ("we deploy and then the pods restart twice", None),
+            ("we keep getting timeouts from the search cluster", None),
+            ("we run out of disk on the runners", None),
+            ("do we pin the base image?", None),
+            ("we pinned the base image last week", None),
         ] {
             let a = assess(Role::User, text, &tuning);
             let why = format!("{text:?}: {}", a.explanation);
             assert!(a.score < doubt, "{why}");
-            assert_eq!(a.explanation.contains(" +hold "), hold, "{why}");
-            let (verdict, class) = match hold {
-                true => (Verdict::Doubtful, SpanClass::Protected),
-                false => (Verdict::Narrative, SpanClass::Narrative),
+            let marks = a.explanation.split_whitespace().collect::<Vec<_>>();
+            for mark in ["+hold", "+practice"] {
+                assert_eq!(marks.contains(&mark), kept_for == Some(mark), "{why}");
+            }
+            let (verdict, class) = match kept_for {
+                Some(_) => (Verdict::Doubtful, SpanClass::Protected),
+                None => (Verdict::Narrative, SpanClass::Narrative),
             };
             assert_eq!(a.verdict, verdict, "{why}");
             assert_eq!(classification(&a, &tuning).class, class, "{why}");

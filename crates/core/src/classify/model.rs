@@ -44,6 +44,9 @@ pub struct Scored {
     /// Some segment holds something back for a time ([`is_hold`]),
     /// whatever its score.
     pub hold: bool,
+    /// Some segment states a practice of the writer's team
+    /// ([`Segment::practice`]), whatever its score.
+    pub practice: bool,
 }
 
 /// Whether a segment holds something back for a time: a directive with a
@@ -97,9 +100,11 @@ impl Model {
                 raised_by: Vec::new(),
                 lowered_by: Vec::new(),
                 hold: false,
+                practice: false,
             };
         };
         let hold = segs.iter().any(is_hold);
+        let practice = segs.iter().any(|s| s.practice);
         let mut parts: Vec<(Feature, f64)> = Vec::with_capacity(FEATURE_COUNT);
         parts.extend(
             ALL_FEATURES
@@ -126,6 +131,7 @@ impl Model {
             raised_by,
             lowered_by,
             hold,
+            practice,
         }
     }
 }
