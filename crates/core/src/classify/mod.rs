@@ -224,7 +224,11 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
         explanation.push_str(f.name());
     }
     if explanation.ends_with(':') {
-        explanation.push_str(" no prose");
+        // Prose with no feature at all is not the same as no prose.
+        explanation.push_str(match scored.segment {
+            Some(_) => " no evidence",
+            None => " no prose",
+        });
     }
     // It is kept with the span as its rule: no spare room.
     explanation.shrink_to_fit();
@@ -387,6 +391,26 @@ mod tests {
             let c = classify_with(Role::User, text, &ClassifierTuning::default());
             assert_eq!(c.class, SpanClass::Narrative, "{text:?}: {}", c.rule);
             assert_eq!(classify(Role::User, text).class, SpanClass::Narrative);
+        }
+    }
+
+    #[test]
+    fn an_explanation_without_features_says_whether_there_was_prose() {
+        let tuning = ClassifierTuning::default();
+        // Prose on which no feature fires scores the model's bias alone.
+        let bare = model::sigmoid(model::builtin().bias);
+        for (text, said) in [
+            (
+                "secrets live in vault",
+                format!("narrative {bare:.2}: no evidence"),
+            ),
+            (
+                "```\nfn main() {}\n```",
+                "narrative 0.00: no prose".to_owned(),
+            ),
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            assert_eq!(a.explanation, said, "{text:?}");
         }
     }
 
