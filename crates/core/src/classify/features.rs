@@ -315,9 +315,32 @@ pub struct Segment {
     pub range: (usize, usize),
     /// Its features.
     pub features: Features,
-    /// Whether it states a practice of the writer's team ([`practice`]).
-    /// Not a feature of the model: it keeps a span in the tier.
-    pub practice: bool,
+    /// Why it is kept in the tier whatever its score, if it is: not a
+    /// feature of the model.
+    pub floor: Option<Floor>,
+}
+
+/// Why a segment the model may read as narrative is kept, verbatim, in the
+/// standing-instructions tier. Ordered by precedence: a span with both is
+/// kept as a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Floor {
+    /// A directive with a time limit, not asked, reported or shown: "no
+    /// deploys until the on-call is back".
+    Hold,
+    /// A practice of the writer's team stated as a plain fact: "we pin
+    /// base images by digest".
+    Practice,
+}
+
+impl Floor {
+    /// Its mark in an explanation.
+    pub fn mark(self) -> &'static str {
+        match self {
+            Floor::Hold => "+hold",
+            Floor::Practice => "+practice",
+        }
+    }
 }
 
 /// The word that stands for a run of code.
@@ -445,11 +468,17 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
             {
                 f.set(Feature::LeadingDirective);
             }
-            let practice = practice(&c) && !PRACTICE_UNLESS.iter().any(|x| f.on(*x));
+            let floor = if is_hold(&f) {
+                Some(Floor::Hold)
+            } else if !PRACTICE_UNLESS.iter().any(|x| f.on(*x)) && practice(&c) {
+                Some(Floor::Practice)
+            } else {
+                None
+            };
             Segment {
                 range: (c.start, c.end),
                 features: f,
-                practice,
+                floor,
             }
         });
     out.extend(described);
@@ -1034,6 +1063,27 @@ fn leave_then(w: &[Cow<'_, str>], after: impl Fn(&[Cow<'_, str>]) -> bool) -> bo
 /// How far past "leave" the word that completes it may start.
 const LEAVE_REACH: usize = 6;
 
+/// Whether a segment's features hold something back for a time: a
+/// directive with a time limit ("no deploys until the on-call is back",
+/// "don't merge anything until the release is cut"), not asked, reported,
+/// shown as output or telling what was seen ("nothing in the logs yet").
+/// The model reads a hold as transient, and the training split labels
+/// holds narrative; but a hold binds until it is lifted, which may be days
+/// of turns away, so a hold the model scores as narrative is kept,
+/// verbatim, in the standing-instructions tier.
+fn is_hold(f: &Features) -> bool {
+    f.on(Feature::DirectiveTemporal)
+        && ![
+            Feature::DirectiveQuestion,
+            Feature::DirectiveReport,
+            Feature::Observed,
+            Feature::OutputLine,
+            Feature::Shown,
+        ]
+        .into_iter()
+        .any(|x| f.on(x))
+}
+
 /// What a segment says that makes it no practice: a question, what
 /// happened or was seen, one step, a time limit, someone else's words, a
 /// guess, or output.
@@ -1064,17 +1114,6 @@ const PRACTICE_UNLESS: [Feature; 12] = [
 fn practice(c: &Cut<'_>) -> bool {
     let w = &c.words[..];
     let start = first_content(&c.lexed);
-    let tells = w.iter().enumerate().any(|(i, x)| match x.as_ref() {
-        "then" | "but" => true,
-        "and" => w
-            .get(i + 1)
-            .is_some_and(|n| NEXT_SUBJECTS.contains(&n.as_ref())),
-        "which" => c.breaks.contains(&i),
-        _ => false,
-    });
-    if tells {
-        return false;
-    }
     // Where a subject may stand: the segment's first word, right after a
     // comma or a label's colon, or after a place of at most four words.
     let opens = |i: usize| {
@@ -1089,7 +1128,7 @@ fn practice(c: &Cut<'_>) -> bool {
                 )
                 && !w[start..i].iter().any(|x| x == "if" || x == "when"))
     };
-    (0..w.len()).any(|i| {
+    let stated = (0..w.len()).any(|i| {
         let (subject, third_person) = match w[i].as_ref() {
             "we" => (Some(i), false),
             "everyone" | "everybody" => (Some(i), true),
@@ -1127,7 +1166,17 @@ fn practice(c: &Cut<'_>) -> bool {
             || (base == "log" && matches!(next, "in" | "on" | "out"))
             || (next == "a" && w.get(verb + 2).is_some_and(|n| n == "lot"));
         !happened
-    })
+    });
+    // A sequence of events, read only once a practice is stated.
+    stated
+        && !w.iter().enumerate().any(|(i, x)| match x.as_ref() {
+            "then" | "but" => true,
+            "and" => w
+                .get(i + 1)
+                .is_some_and(|n| NEXT_SUBJECTS.contains(&n.as_ref())),
+            "which" => c.breaks.contains(&i),
+            _ => false,
+        })
 }
 
 /// Whether a directive opens on `first` (then `second`) with a word that

@@ -57,7 +57,7 @@
 //! (`+hold`, "no deploys until the on-call is back"), which binds until it
 //! is lifted, and a practice of the writer's team stated as a plain fact
 //! (`+practice`, "we pin base images by digest", "in this repo we use
-//! pnpm"; see [`features::Segment::practice`]), which binds as long as the
+//! pnpm"; see [`features::Floor`]), which binds as long as the
 //! work goes on and carries no modal word for the model to find.
 //!
 //! The modal phrase rules ([`modal`]) still name a constraint's modality
@@ -195,22 +195,24 @@ pub fn assess(role: Role, text: &str, tuning: &ClassifierTuning) -> Assessment {
     let phrase = matching_phrase(text, tuning);
     let pin = tuning.pin_threshold.unwrap_or(model.pin_threshold);
     let doubt = model.doubt_threshold.min(pin);
-    // `kept_for`: doubtful only because it is a hold or a practice.
+    // `kept_for`: doubtful only because of a floor. A hold binds until it
+    // is lifted, and a team's practice as long as the work goes on: kept
+    // in the tier, not pinned.
     let (verdict, score, kept_for) = match phrase {
         Some(_) => (Verdict::Standing, 1.0, None),
         None if scored.score >= pin => (Verdict::Standing, scored.score, None),
         None if scored.score >= doubt => (Verdict::Doubtful, scored.score, None),
-        // A hold binds until it is lifted, and a team's practice as long as
-        // the work goes on: kept in the tier, not pinned.
-        None if scored.hold => (Verdict::Doubtful, scored.score, Some(" +hold")),
-        None if scored.practice => (Verdict::Doubtful, scored.score, Some(" +practice")),
-        None => (Verdict::Narrative, scored.score, None),
+        None => match scored.floor {
+            Some(floor) => (Verdict::Doubtful, scored.score, Some(floor)),
+            None => (Verdict::Narrative, scored.score, None),
+        },
     };
     let mut explanation = String::with_capacity(EXPLANATION_CAPACITY);
     // Writing to a String cannot fail.
     let _ = write!(explanation, "{} {:.2}:", verdict.name(), score);
-    if let Some(mark) = kept_for {
-        explanation.push_str(mark);
+    if let Some(floor) = kept_for {
+        explanation.push(' ');
+        explanation.push_str(floor.mark());
     }
     if let Some(p) = phrase {
         let _ = write!(explanation, " +phrase:{p:?}");

@@ -6,7 +6,7 @@
 //! [`super::train`] and committed in `weights.rs`; a test proves that
 //! training on the committed data reproduces them.
 
-use super::features::{ALL_FEATURES, FEATURE_COUNT, Feature, Segment, segments};
+use super::features::{ALL_FEATURES, FEATURE_COUNT, Feature, Floor, Segment, segments};
 
 /// A trained model: a bias, one weight per feature, and the two
 /// thresholds chosen on held-back folds of the training data.
@@ -41,34 +41,9 @@ pub struct Scored {
     /// The features of the best segment that lowered its score the most,
     /// strongest first (at most two).
     pub lowered_by: Vec<(Feature, f64)>,
-    /// Some segment holds something back for a time ([`is_hold`]),
-    /// whatever its score.
-    pub hold: bool,
-    /// Some segment states a practice of the writer's team
-    /// ([`Segment::practice`]), whatever its score.
-    pub practice: bool,
-}
-
-/// Whether a segment holds something back for a time: a directive with a
-/// time limit ("no deploys until the on-call is back", "don't merge
-/// anything until the release is cut"), not asked, reported, shown as
-/// output or telling what was seen ("nothing in the logs yet"). The model
-/// reads a hold as transient, and the training split labels holds
-/// narrative; but a hold binds until it is lifted, which may be days of
-/// turns away, so a hold the model scores as narrative is kept, verbatim,
-/// in the standing-instructions tier.
-pub fn is_hold(segment: &Segment) -> bool {
-    let on = |f: Feature| segment.features.get(f) != 0.0;
-    on(Feature::DirectiveTemporal)
-        && ![
-            Feature::DirectiveQuestion,
-            Feature::DirectiveReport,
-            Feature::Observed,
-            Feature::OutputLine,
-            Feature::Shown,
-        ]
-        .into_iter()
-        .any(on)
+    /// Why some segment is kept in the tier whatever its score, the
+    /// first by precedence ([`Floor`]).
+    pub floor: Option<Floor>,
 }
 
 impl Model {
@@ -99,12 +74,10 @@ impl Model {
                 segment: None,
                 raised_by: Vec::new(),
                 lowered_by: Vec::new(),
-                hold: false,
-                practice: false,
+                floor: None,
             };
         };
-        let hold = segs.iter().any(is_hold);
-        let practice = segs.iter().any(|s| s.practice);
+        let floor = segs.iter().filter_map(|s| s.floor).min();
         let mut parts: Vec<(Feature, f64)> = Vec::with_capacity(FEATURE_COUNT);
         parts.extend(
             ALL_FEATURES
@@ -130,8 +103,7 @@ impl Model {
             segment: Some(seg.range),
             raised_by,
             lowered_by,
-            hold,
-            practice,
+            floor,
         }
     }
 }
