@@ -331,6 +331,9 @@ pub enum Floor {
     /// A practice of the writer's team stated as a plain fact: "we pin
     /// base images by digest".
     Practice,
+    /// How a kind of thing is handled, stated as a plain fact: "secrets
+    /// live in vault", "public functions get docstrings".
+    Norm,
 }
 
 impl Floor {
@@ -339,6 +342,7 @@ impl Floor {
         match self {
             Floor::Hold => "+hold",
             Floor::Practice => "+practice",
+            Floor::Norm => "+norm",
         }
     }
 }
@@ -472,6 +476,8 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
                 Some(Floor::Hold)
             } else if !PRACTICE_UNLESS.iter().any(|x| f.on(*x)) && practice(&c) {
                 Some(Floor::Practice)
+            } else if !NORM_UNLESS.iter().any(|x| f.on(*x)) && norm(&c) {
+                Some(Floor::Norm)
             } else {
                 None
             };
@@ -1168,15 +1174,159 @@ fn practice(c: &Cut<'_>) -> bool {
         !happened
     });
     // A sequence of events, read only once a practice is stated.
-    stated
-        && !w.iter().enumerate().any(|(i, x)| match x.as_ref() {
-            "then" | "but" => true,
-            "and" => w
-                .get(i + 1)
-                .is_some_and(|n| NEXT_SUBJECTS.contains(&n.as_ref())),
-            "which" => c.breaks.contains(&i),
-            _ => false,
-        })
+    stated && !sequence(c)
+}
+
+/// Whether the words tell a sequence of events: "then", "but", "and"
+/// before a new subject ("we merge it and the bot reverts it"), or ",
+/// which …".
+fn sequence(c: &Cut<'_>) -> bool {
+    let w = &c.words[..];
+    w.iter().enumerate().any(|(i, x)| match x.as_ref() {
+        "then" | "but" => true,
+        "and" => w
+            .get(i + 1)
+            .is_some_and(|n| NEXT_SUBJECTS.contains(&n.as_ref())),
+        "which" => c.breaks.contains(&i),
+        _ => false,
+    })
+}
+
+/// What a segment says that makes it no norm: a reply ("yep go ahead"),
+/// or [`PRACTICE_UNLESS`] but the past, which [`norm`] reads itself,
+/// since "invoices are numbered by billing" is a passive, not a past.
+const NORM_UNLESS: [Feature; 12] = [
+    Feature::Acknowledgement,
+    Feature::Question,
+    Feature::QuestionOpening,
+    Feature::Observed,
+    Feature::StepLocal,
+    Feature::Deictic,
+    Feature::Temporal,
+    Feature::Report,
+    Feature::Attributed,
+    Feature::Epistemic,
+    Feature::Shown,
+    Feature::OutputLine,
+];
+
+/// The most words a norm is said in: a longer sentence tells more than how
+/// a kind of thing is handled.
+const NORM_MAX_WORDS: usize = 20;
+
+/// How far past the subject's first word the verb of a norm may stand:
+/// "changes to the billing schema get …".
+const NORM_SUBJECT_REACH: usize = 6;
+
+/// Whether the words state how a kind of thing is handled, as a plain
+/// fact: "secrets live in vault", "public functions get docstrings",
+/// "anything touching auth gets a security review", "invoices are kept in
+/// pdf form", "error messages are in english". The subject opens the segment
+/// or its label and names a kind: a bare noun, a quantifier or a code
+/// name, not "the", "my", a pronoun or a person. A verb of where things
+/// live, go and come from, or what they get, follows within a few words;
+/// "is"/"are" counts when a participle and a preposition ("is stored in")
+/// or "in" and a bare noun ("are in english") follow it. Not a norm:
+/// trouble told in the present ("requests get dropped", "new users get a
+/// 500", "builds go red"), the past, or a sequence of events.
+fn norm(c: &Cut<'_>) -> bool {
+    let w = &c.words[..];
+    let lx = &c.lexed;
+    if w.len() > NORM_MAX_WORDS {
+        return false;
+    }
+    let start = match c.colon_after {
+        Some(label) if label < w.len() => label,
+        _ => first_content(lx),
+    };
+    let Some(first) = w.get(start) else {
+        return false;
+    };
+    // A kind, not one thing, a person, a clause or a request: "the logs",
+    // "my branch", "you", "if …", "refactor … to use …". A verb opens a
+    // kind's name only before a plural: "build artifacts", "test
+    // fixtures".
+    let compound = w
+        .get(start + 1)
+        .is_some_and(|n| n.len() > 3 && n.ends_with('s') && !n.ends_with("ss"));
+    let request = lx.is(start, class::IMPERATIVE | class::TASK) && !compound;
+    let not_a_kind = class::STATEMENT_SUBJECT
+        | class::ACK
+        | class::SPECIFIC
+        | class::WRITER
+        | class::WH_WORD
+        | class::AUXILIARY
+        | class::CONDITION_OPENER
+        | class::QUESTION_SUBJECT
+        | class::SAYING
+        | class::BAN_HEAD;
+    if request
+        || lx.is(start, not_a_kind)
+        || NORM_NOT_SUBJECTS.contains(&first.as_ref())
+        || lx.is(start + 1, class::SPECIFIC)
+    {
+        return false;
+    }
+    let reach = w.len().min(start + 1 + NORM_SUBJECT_REACH);
+    // The first verb after the subject, if it is a norm's: the subject
+    // ends at a comma or a word that opens a clause ("to" opens none).
+    let verb = (start + 1..reach).find_map(|k| {
+        let said = w[k].as_ref();
+        let next = w.get(k + 1).map_or("", |n| n.as_ref());
+        if matches!(said, "is" | "are") {
+            // "are in english", "is in pdf form": a form, not a place.
+            let in_a_form = next == "in" && k + 2 < w.len() && !lx.is(k + 2, class::SPECIFIC);
+            // "is kept in the archive", "are kept out of git".
+            let passive = (regular_past(next, lx, k + 1) || found_past(next))
+                && w.get(k + 2)
+                    .is_some_and(|n| NORM_PREPOSITIONS.contains(&n.as_ref()));
+            return Some((in_a_form || passive).then_some(k));
+        }
+        if c.breaks.contains(&k)
+            || (said != "to"
+                && lx.is(
+                    k,
+                    class::WRITER | class::CONDITION_OPENER | class::AUXILIARY,
+                ))
+            || NORM_NOT_SUBJECTS.contains(&said)
+        {
+            return Some(None);
+        }
+        let base = said
+            .strip_suffix("es")
+            .filter(|b| b.ends_with(['s', 'h', 'x']))
+            .or_else(|| said.strip_suffix('s'))
+            .unwrap_or(said);
+        (NORM_VERBS.contains(&said) || NORM_VERBS.contains(&base)).then_some(Some(k))
+    });
+    let Some(Some(verb)) = verb else {
+        return false;
+    };
+    let after = &w[verb + 1..];
+    // Trouble told in the present: "requests get dropped", "new users get
+    // a 500", "PRs sit for days".
+    let trouble = after.iter().enumerate().any(|(i, x)| {
+        NORM_TROUBLE.contains(&x.as_ref())
+            || (x.len() == 3 && x.starts_with('5') && x.bytes().all(|b| b.is_ascii_digit()))
+            || (x == "for"
+                && after
+                    .get(i + 1)
+                    .is_some_and(|n| NORM_LONG_WAITS.contains(&n.as_ref())))
+    });
+    // The past, but for the participle of a passive: "were moved", "got
+    // lost", but not "is stored".
+    let past = (1..w.len()).any(|i| {
+        let x = w[i].as_ref();
+        let before = w[i - 1].as_ref();
+        ((regular_past(x, lx, i)
+            && !lx.is(
+                i - 1,
+                class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
+            ))
+            || found_past(x))
+            && !matches!(before, "is" | "are" | "be" | "get" | "gets")
+    }) || found_past(first);
+    !trouble && !past && !sequence(c)
 }
 
 /// Whether a directive opens on `first` (then `second`) with a word that

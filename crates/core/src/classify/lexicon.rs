@@ -1970,6 +1970,123 @@ pub(super) const NEXT_SUBJECTS: &[&str] = &[
     "now",
 ];
 
+/// Verbs of a norm: where a kind of thing lives, goes and comes from, what
+/// it gets, follows and uses ("secrets live in vault", "config changes go
+/// through a PR", "public functions get docstrings"). Activity verbs whose
+/// third person reads as a plural noun ("deploys", "builds") are not here,
+/// so that the subject is not cut short.
+pub(super) const NORM_VERBS: &[&str] = &[
+    "belong", "call", "carry", "come", "default", "expire", "expose", "flow", "follow", "get",
+    "go", "goes", "happen", "include", "land", "live", "map", "match", "own", "pass", "point",
+    "read", "receive", "remain", "reside", "run", "ship", "sit", "start", "stay", "talk", "target",
+    "use", "write",
+];
+
+/// Words that open something other than a kind of thing: a clause, a
+/// person, a reply, a moment. Also where a norm's subject ends.
+pub(super) const NORM_NOT_SUBJECTS: &[&str] = &[
+    "after",
+    "also",
+    "and",
+    "because",
+    "before",
+    "but",
+    "everybody",
+    "everyone",
+    "here",
+    "how",
+    "if",
+    "just",
+    "let's",
+    "maybe",
+    "nobody",
+    "not",
+    "now",
+    "once",
+    "or",
+    "since",
+    "so",
+    "someone",
+    "somebody",
+    "then",
+    "today",
+    "until",
+    "what",
+    "when",
+    "where",
+    "which",
+    "while",
+    "who",
+    "why",
+    "yesterday",
+    "you",
+];
+
+/// Prepositions after a passive that make it a norm: "is kept in the
+/// archive", "are kept out of git", "are signed with the release key".
+pub(super) const NORM_PREPOSITIONS: &[&str] = &[
+    "after", "as", "at", "before", "behind", "by", "from", "in", "inside", "into", "on", "only",
+    "out", "outside", "per", "through", "to", "under", "using", "via", "with",
+];
+
+/// Spans of time that "for" makes a long wait: "PRs sit for days".
+pub(super) const NORM_LONG_WAITS: &[&str] = &[
+    "ages", "days", "hours", "minutes", "months", "weeks", "years",
+];
+
+/// Words after the verb that tell trouble or how it went, not how a kind
+/// of thing is handled: "requests get dropped", "builds go red", "old
+/// branches stay around forever".
+pub(super) const NORM_TROUBLE: &[&str] = &[
+    "again",
+    "bad",
+    "blank",
+    "break",
+    "breaks",
+    "broken",
+    "corrupted",
+    "crash",
+    "crashes",
+    "crashing",
+    "dropped",
+    "duplicated",
+    "empty",
+    "fail",
+    "failing",
+    "fails",
+    "fine",
+    "flaky",
+    "forever",
+    "garbled",
+    "huge",
+    "ignored",
+    "intermittently",
+    "lost",
+    "mess",
+    "messy",
+    "missing",
+    "nobody",
+    "nowhere",
+    "occasionally",
+    "ok",
+    "okay",
+    "randomly",
+    "red",
+    "slow",
+    "slower",
+    "slowly",
+    "sometimes",
+    "somewhere",
+    "stale",
+    "still",
+    "stuck",
+    "swallowed",
+    "truncated",
+    "twice",
+    "worse",
+    "wrong",
+];
+
 /// A set of words and phrases the features ask about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Set {
