@@ -476,7 +476,7 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
                 Some(Floor::Hold)
             } else if !PRACTICE_UNLESS.iter().any(|x| f.on(*x)) && practice(&c) {
                 Some(Floor::Practice)
-            } else if !NORM_UNLESS.iter().any(|x| f.on(*x)) && norm(&c) {
+            } else if !NORM_UNLESS.iter().any(|x| f.on(*x)) && norm(&c, f.on(Feature::Past)) {
                 Some(Floor::Norm)
             } else {
                 None
@@ -1229,7 +1229,7 @@ const NORM_SUBJECT_REACH: usize = 6;
 /// or "in" and a bare noun ("are in english") follow it. Not a norm:
 /// trouble told in the present ("requests get dropped", "new users get a
 /// 500", "builds go red"), the past, or a sequence of events.
-fn norm(c: &Cut<'_>) -> bool {
+fn norm(c: &Cut<'_>, told_past: bool) -> bool {
     let w = &c.words[..];
     let lx = &c.lexed;
     if w.len() > NORM_MAX_WORDS {
@@ -1262,7 +1262,7 @@ fn norm(c: &Cut<'_>) -> bool {
         | class::BAN_HEAD;
     if request
         || lx.is(start, not_a_kind)
-        || NORM_NOT_SUBJECTS.contains(&first.as_ref())
+        || lx.is(start, class::NORM_NOT_SUBJECT)
         || lx.is(start + 1, class::SPECIFIC)
     {
         return false;
@@ -1288,16 +1288,11 @@ fn norm(c: &Cut<'_>) -> bool {
                     k,
                     class::WRITER | class::CONDITION_OPENER | class::AUXILIARY,
                 ))
-            || NORM_NOT_SUBJECTS.contains(&said)
+            || lx.is(k, class::NORM_NOT_SUBJECT)
         {
             return Some(None);
         }
-        let base = said
-            .strip_suffix("es")
-            .filter(|b| b.ends_with(['s', 'h', 'x']))
-            .or_else(|| said.strip_suffix('s'))
-            .unwrap_or(said);
-        (NORM_VERBS.contains(&said) || NORM_VERBS.contains(&base)).then_some(Some(k))
+        lx.is(k, class::NORM_VERB).then_some(Some(k))
     });
     let Some(Some(verb)) = verb else {
         return false;
@@ -1306,7 +1301,7 @@ fn norm(c: &Cut<'_>) -> bool {
     // Trouble told in the present: "requests get dropped", "new users get
     // a 500", "PRs sit for days".
     let trouble = after.iter().enumerate().any(|(i, x)| {
-        NORM_TROUBLE.contains(&x.as_ref())
+        lx.is(verb + 1 + i, class::NORM_TROUBLE)
             || (x.len() == 3 && x.starts_with('5') && x.bytes().all(|b| b.is_ascii_digit()))
             || (x == "for"
                 && after
@@ -1314,18 +1309,19 @@ fn norm(c: &Cut<'_>) -> bool {
                     .is_some_and(|n| NORM_LONG_WAITS.contains(&n.as_ref())))
     });
     // The past, but for the participle of a passive: "were moved", "got
-    // lost", but not "is stored".
-    let past = (1..w.len()).any(|i| {
-        let x = w[i].as_ref();
-        let before = w[i - 1].as_ref();
-        ((regular_past(x, lx, i)
-            && !lx.is(
-                i - 1,
-                class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
-            ))
-            || found_past(x))
-            && !matches!(before, "is" | "are" | "be" | "get" | "gets")
-    }) || found_past(first);
+    // lost", but not "is kept". Read only when the features found a past.
+    let past = told_past
+        && ((1..w.len()).any(|i| {
+            let x = w[i].as_ref();
+            let before = w[i - 1].as_ref();
+            ((regular_past(x, lx, i)
+                && !lx.is(
+                    i - 1,
+                    class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
+                ))
+                || found_past(x))
+                && !matches!(before, "is" | "are" | "be" | "get" | "gets")
+        }) || found_past(first));
     !trouble && !past && !sequence(c)
 }
 

@@ -1974,12 +1974,16 @@ pub(super) const NEXT_SUBJECTS: &[&str] = &[
 /// it gets, follows and uses ("secrets live in vault", "config changes go
 /// through a PR", "public functions get docstrings"). Activity verbs whose
 /// third person reads as a plural noun ("deploys", "builds") are not here,
-/// so that the subject is not cut short.
+/// so that the subject is not cut short. Each verb is here in both its
+/// forms, "live" and "lives".
 pub(super) const NORM_VERBS: &[&str] = &[
-    "belong", "call", "carry", "come", "default", "expire", "expose", "flow", "follow", "get",
-    "go", "goes", "happen", "include", "land", "live", "map", "match", "own", "pass", "point",
-    "read", "receive", "remain", "reside", "run", "ship", "sit", "start", "stay", "talk", "target",
-    "use", "write",
+    "belong", "belongs", "call", "calls", "carries", "carry", "come", "comes", "default",
+    "defaults", "expire", "expires", "expose", "exposes", "flow", "flows", "follow", "follows",
+    "get", "gets", "go", "goes", "happen", "happens", "include", "includes", "land", "lands",
+    "live", "lives", "map", "maps", "match", "matches", "own", "owns", "pass", "passes", "point",
+    "points", "read", "reads", "receive", "receives", "remain", "remains", "reside", "resides",
+    "run", "runs", "ship", "ships", "sit", "sits", "start", "starts", "stay", "stays", "talk",
+    "talks", "target", "targets", "use", "uses", "write", "writes",
 ];
 
 /// Words that open something other than a kind of thing: a clause, a
@@ -2192,6 +2196,12 @@ pub(super) mod class {
     pub(in crate::classify) const MODAL_AFTER_SUBJECT: u32 = 1 << 27;
     /// [`super::IDIOM_HEADS`].
     pub(in crate::classify) const IDIOM_HEAD: u32 = 1 << 28;
+    /// [`super::NORM_VERBS`].
+    pub(in crate::classify) const NORM_VERB: u32 = 1 << 29;
+    /// [`super::NORM_NOT_SUBJECTS`].
+    pub(in crate::classify) const NORM_NOT_SUBJECT: u32 = 1 << 30;
+    /// [`super::NORM_TROUBLE`].
+    pub(in crate::classify) const NORM_TROUBLE: u32 = 1 << 31;
 }
 
 /// A segment's words as the lexicon reads them: the sets its phrases
@@ -2324,6 +2334,9 @@ impl Matcher {
                 (class::STATEMENT_SUBJECT, STATEMENT_SUBJECTS),
                 (class::MODAL_AFTER_SUBJECT, MODAL_AFTER_SUBJECT),
                 (class::IDIOM_HEAD, IDIOM_HEADS),
+                (class::NORM_VERB, NORM_VERBS),
+                (class::NORM_NOT_SUBJECT, NORM_NOT_SUBJECTS),
+                (class::NORM_TROUBLE, NORM_TROUBLE),
             ];
             let mut by_first: std::collections::HashMap<_, Entry, _> = Default::default();
             for (set, phrases) in lists {
