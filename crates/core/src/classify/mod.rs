@@ -466,6 +466,7 @@ mod tests {
                 Some("+norm"),
             ),
             ("api keys come from the secrets manager", Some("+norm")),
+            ("vendored crates need a license file", Some("+norm")),
             (
                 "schema changes get a migration and a rollback plan",
                 Some("+norm"),
