@@ -1221,14 +1221,15 @@ const NORM_SUBJECT_REACH: usize = 6;
 /// Whether the words state how a kind of thing is handled, as a plain
 /// fact: "secrets live in vault", "public functions get docstrings",
 /// "anything touching auth gets a security review", "invoices are kept in
-/// pdf form", "error messages are in english". The subject opens the segment
-/// or its label and names a kind: a bare noun, a quantifier or a code
-/// name, not "the", "my", a pronoun or a person. A verb of where things
-/// live, go and come from, or what they get, follows within a few words;
-/// "is"/"are" counts when a participle and a preposition ("is stored in")
-/// or "in" and a bare noun ("are in english") follow it. Not a norm:
-/// trouble told in the present ("requests get dropped", "new users get a
-/// 500", "builds go red"), the past, or a sequence of events.
+/// pdf form", "error messages are in english". The subject opens the
+/// segment or its label and names a kind: a bare noun, a quantifier or a
+/// code name, not "the", "my", a pronoun or a person. A verb of where
+/// things live, go and come from, or what they get or need, follows
+/// within a few words; "is"/"are" counts when a participle and a
+/// preposition ("is kept in") or "in" and a bare noun ("are in english")
+/// follow it. Not a norm: trouble told in the present ("requests get
+/// dropped", "new users get a 500", "builds go red"), the past, or a
+/// sequence of events.
 fn norm(c: &Cut<'_>, told_past: bool) -> bool {
     let w = &c.words[..];
     let lx = &c.lexed;
@@ -1259,12 +1260,9 @@ fn norm(c: &Cut<'_>, told_past: bool) -> bool {
         | class::CONDITION_OPENER
         | class::QUESTION_SUBJECT
         | class::SAYING
-        | class::BAN_HEAD;
-    if request
-        || lx.is(start, not_a_kind)
-        || lx.is(start, class::NORM_NOT_SUBJECT)
-        || lx.is(start + 1, class::SPECIFIC)
-    {
+        | class::BAN_HEAD
+        | class::NORM_NOT_SUBJECT;
+    if request || lx.is(start, not_a_kind) || lx.is(start + 1, class::SPECIFIC) {
         return false;
     }
     let reach = w.len().min(start + 1 + NORM_SUBJECT_REACH);
