@@ -472,11 +472,12 @@ pub fn segments(text: &str, system_role: bool) -> Vec<Segment> {
             {
                 f.set(Feature::LeadingDirective);
             }
+            let plain = !NOT_PLAIN.iter().any(|x| f.on(*x));
             let floor = if is_hold(&f) {
                 Some(Floor::Hold)
-            } else if !PRACTICE_UNLESS.iter().any(|x| f.on(*x)) && practice(&c) {
+            } else if plain && !f.on(Feature::Past) && practice(&c) {
                 Some(Floor::Practice)
-            } else if !NORM_UNLESS.iter().any(|x| f.on(*x)) && norm(&c, f.on(Feature::Past)) {
+            } else if plain && !f.on(Feature::Acknowledgement) && norm(&c, f.on(Feature::Past)) {
                 Some(Floor::Norm)
             } else {
                 None
@@ -1090,13 +1091,14 @@ fn is_hold(f: &Features) -> bool {
         .any(|x| f.on(x))
 }
 
-/// What a segment says that makes it no practice: a question, what
-/// happened or was seen, one step, a time limit, someone else's words, a
-/// guess, or output.
-const PRACTICE_UNLESS: [Feature; 12] = [
+/// What a segment says that makes it no practice and no norm: a
+/// question, what was seen, one step, a time limit, someone else's words,
+/// a guess, or output. A practice is not in the past either; a norm reads
+/// the past itself ([`norm`]), since "invoices are numbered by billing" is
+/// a passive, and is no reply ("yep go ahead").
+const NOT_PLAIN: [Feature; 11] = [
     Feature::Question,
     Feature::QuestionOpening,
-    Feature::Past,
     Feature::Observed,
     Feature::StepLocal,
     Feature::Deictic,
@@ -1191,24 +1193,6 @@ fn sequence(c: &Cut<'_>) -> bool {
         _ => false,
     })
 }
-
-/// What a segment says that makes it no norm: a reply ("yep go ahead"),
-/// or [`PRACTICE_UNLESS`] but the past, which [`norm`] reads itself,
-/// since "invoices are numbered by billing" is a passive, not a past.
-const NORM_UNLESS: [Feature; 12] = [
-    Feature::Acknowledgement,
-    Feature::Question,
-    Feature::QuestionOpening,
-    Feature::Observed,
-    Feature::StepLocal,
-    Feature::Deictic,
-    Feature::Temporal,
-    Feature::Report,
-    Feature::Attributed,
-    Feature::Epistemic,
-    Feature::Shown,
-    Feature::OutputLine,
-];
 
 /// The most words a norm is said in: a longer sentence tells more than how
 /// a kind of thing is handled.
