@@ -29,8 +29,11 @@
 //! starts an idiom ("not sure", "not yet").
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::OnceLock;
 
+use super::lexicon::Fnv;
 use super::word::Pending;
 use crate::span::Modality;
 use crate::text::char_at;
@@ -323,34 +326,27 @@ pub(crate) fn analyse_in<'t>(text: &'t str, code: &[(usize, usize)]) -> Analysis
 }
 
 /// The phrases by their first word, each word's in the order of
-/// [`PHRASES`], sorted by that word: most words start none, and are
-/// rejected with one binary search; a word that starts some is tried
-/// against those alone.
-fn by_first_word() -> &'static [(&'static str, Vec<&'static Phrase>)] {
-    static INDEX: OnceLock<Vec<(&'static str, Vec<&'static Phrase>)>> = OnceLock::new();
+/// [`PHRASES`]: most words start none, and are rejected with one hash
+/// look-up; a word that starts some is tried against those alone.
+type FirstWordIndex = HashMap<&'static str, Vec<&'static Phrase>, BuildHasherDefault<Fnv>>;
+
+fn by_first_word() -> &'static FirstWordIndex {
+    static INDEX: OnceLock<FirstWordIndex> = OnceLock::new();
     INDEX.get_or_init(|| {
-        let mut index: Vec<(&'static str, Vec<&'static Phrase>)> = Vec::new();
+        let mut index = FirstWordIndex::default();
         for phrase in PHRASES {
-            let Some(&first) = phrase.words.first() else {
-                continue;
-            };
-            match index.iter_mut().find(|(w, _)| *w == first) {
-                Some((_, list)) => list.push(phrase),
-                None => index.push((first, vec![phrase])),
+            if let Some(&first) = phrase.words.first() {
+                index.entry(first).or_default().push(phrase);
             }
         }
-        index.sort_unstable_by_key(|(w, _)| *w);
         index
     })
 }
 
 fn match_phrase<'p>(words: &[Word], i: usize, consumed: &[bool]) -> Option<(&'p Phrase, usize)> {
-    let index = by_first_word();
-    let at = index
-        .binary_search_by(|(w, _)| (*w).cmp(words[i].text.as_ref()))
-        .ok()?;
+    let starting = by_first_word().get(words[i].text.as_ref())?;
     let mut best: Option<(&Phrase, usize)> = None;
-    for &phrase in &index[at].1 {
+    for &phrase in starting {
         let n = phrase.words.len();
         if i + n > words.len() || best.is_some_and(|(_, len)| len >= n) {
             continue;
