@@ -1224,9 +1224,9 @@ fn norm(c: &Cut<'_>, told_past: bool) -> bool {
         Some(label) if label < w.len() => label,
         _ => first_content(lx),
     };
-    let Some(first) = w.get(start) else {
+    if start >= w.len() {
         return false;
-    };
+    }
     // A kind, not one thing, a person, a clause or a request: "the logs",
     // "my branch", "you", "if …", "refactor … to use …". A verb opens a
     // kind's name only before a plural: "build artifacts", "test
@@ -1290,20 +1290,15 @@ fn norm(c: &Cut<'_>, told_past: bool) -> bool {
                     .get(i + 1)
                     .is_some_and(|n| NORM_LONG_WAITS.contains(&n.as_ref())))
     });
-    // The past, but for the participle of a passive: "were moved", "got
-    // lost", but not "is kept". Read only when the features found a past.
+    // The past the features found, but for the participle of a passive:
+    // "were moved", "got lost", but not "is kept".
     let past = told_past
-        && ((1..w.len()).any(|i| {
-            let x = w[i].as_ref();
-            let before = w[i - 1].as_ref();
-            ((regular_past(x, lx, i)
-                && !lx.is(
-                    i - 1,
-                    class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
-                ))
-                || found_past(x))
-                && !matches!(before, "is" | "are" | "be" | "get" | "gets")
-        }) || found_past(first));
+        && (0..w.len()).any(|i| {
+            let passive = i
+                .checked_sub(1)
+                .is_some_and(|b| matches!(w[b].as_ref(), "is" | "are" | "be" | "get" | "gets"));
+            !passive && (found_past(&w[i]) || (i > 0 && told_in_past_at(w, lx, i)))
+        });
     !trouble && !past && !sequence(c)
 }
 
@@ -1356,13 +1351,17 @@ fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
 /// after a determiner, a preposition or a verb, where it is an adjective
 /// ("the generated files", "rewrite published history").
 fn told_in_past(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
-    (1..w.len()).any(|i| {
-        regular_past(&w[i], lx, i)
-            && !lx.is(
-                i - 1,
-                class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
-            )
-    })
+    (1..w.len()).any(|i| told_in_past_at(w, lx, i))
+}
+
+/// Whether word `i` (not the first) is a regular past tense that tells
+/// what happened ([`told_in_past`]).
+fn told_in_past_at(w: &[Cow<'_, str>], lx: &Lexed, i: usize) -> bool {
+    regular_past(&w[i], lx, i)
+        && !lx.is(
+            i - 1,
+            class::BEFORE_ADJECTIVE | class::IMPERATIVE | class::TASK,
+        )
 }
 
 /// A clause about what the agent will do, inside a sentence: "whenever

@@ -2235,6 +2235,9 @@ struct Entry {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Fnv(u64);
 
+/// A map keyed by short words, hashed with [`Fnv`].
+pub(super) type FnvMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<Fnv>>;
+
 impl Default for Fnv {
     fn default() -> Self {
         Fnv(0xcbf2_9ce4_8422_2325)
@@ -2258,7 +2261,7 @@ impl std::hash::Hasher for Fnv {
 /// word's classes.
 #[derive(Debug)]
 pub(super) struct Matcher {
-    by_first: std::collections::HashMap<&'static str, Entry, std::hash::BuildHasherDefault<Fnv>>,
+    by_first: FnvMap<&'static str, Entry>,
 }
 
 impl Matcher {

@@ -29,11 +29,9 @@
 //! starts an idiom ("not sure", "not yet").
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::sync::OnceLock;
 
-use super::lexicon::Fnv;
+use super::lexicon::FnvMap;
 use super::word::Pending;
 use crate::span::Modality;
 use crate::text::char_at;
@@ -328,7 +326,7 @@ pub(crate) fn analyse_in<'t>(text: &'t str, code: &[(usize, usize)]) -> Analysis
 /// The phrases by their first word, each word's in the order of
 /// [`PHRASES`]: most words start none, and are rejected with one hash
 /// look-up; a word that starts some is tried against those alone.
-type FirstWordIndex = HashMap<&'static str, Vec<&'static Phrase>, BuildHasherDefault<Fnv>>;
+type FirstWordIndex = FnvMap<&'static str, Vec<&'static Phrase>>;
 
 fn by_first_word() -> &'static FirstWordIndex {
     static INDEX: OnceLock<FirstWordIndex> = OnceLock::new();
