@@ -662,7 +662,8 @@ fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) 
         return;
     }
     let matcher = Matcher::get();
-    done.lexed = matcher.scan(&done.words);
+    let head_end = |done: &Cut<'_>| done.breaks.first().copied().unwrap_or(done.words.len());
+    done.lexed = matcher.scan(&done.words, head_end(&done));
     // Idioms read as one word: "never mind" forbids nothing, "don't
     // forget" reminds. The words are read again only when one was found.
     if done
@@ -672,7 +673,7 @@ fn close<'t>(cuts: &mut Vec<Cut<'t>>, current: &mut Cut<'t>, next_start: usize) 
         .any(|k| k & class::IDIOM_HEAD != 0)
         && read_idioms(&mut done)
     {
-        done.lexed = matcher.scan(&done.words);
+        done.lexed = matcher.scan(&done.words, head_end(&done));
     }
     // A colon right at the end ("Rules:") labels what follows, not this.
     if done.colon_after == Some(done.words.len()) {
@@ -764,6 +765,14 @@ fn describe(c: &Cut<'_>) -> Features {
     if req {
         f.set(Feature::ReqModal);
     }
+    // "feel free to refactor, but not the exports", "rename anything
+    // except the columns", "change whatever you need, the API is
+    // frozen": a choice left, then limited. The limit restricts.
+    let excepted = leaves_choice(w, lx, start)
+        && (found.has(Set::Exception)
+            || (found.has(Set::Invariant)
+                && (!c.breaks.is_empty() || w.iter().any(|x| x == "but"))));
+    let restrict = restrict || excepted;
     if restrict {
         f.set(Feature::Restrict);
     }
@@ -920,12 +929,29 @@ fn describe(c: &Cut<'_>) -> Features {
     {
         f.set(Feature::StepLocal);
     }
-    let report = found.has(Set::Report) || c.quote;
+    // "don't touch billing, the CTO said so": the writer's own directive,
+    // then whom it comes from. What follows the comma is the rule's
+    // source, a reason like "otherwise …", not a report of someone
+    // else's rule ("the CTO said never touch billing").
+    let sourced = !c.quote
+        && c.breaks.first().is_some_and(|&k| {
+            k > start
+                && (imperative
+                    || ban_at(start)
+                    || lx.head.has(Set::NegModal)
+                    || lx.head.has(Set::ReqModal)
+                    || lx.head.has(Set::Restrict))
+                && !lx.head.has(Set::Report)
+                && !lx.head.has(Set::Past)
+                && !(start..k).any(|i| lx.is(i, class::SAYING | class::ATTRIBUTION))
+                && !(start.max(1)..k).any(|i| told_in_past_at(w, lx, i))
+        });
+    let report = (found.has(Set::Report) || c.quote) && !sourced;
     if report {
         f.set(Feature::Report);
     }
     // "if the user asks for …" is a condition, not a report.
-    if attributed(w, lx) && !opens_condition {
+    if attributed(w, lx) && !opens_condition && !sourced {
         f.set(Feature::Attributed);
     }
     // "use pathlib, not os.path", "comments explain why, not what".
@@ -975,7 +1001,7 @@ fn describe(c: &Cut<'_>) -> Features {
     if !c.question_mark && c.breaks.iter().copied().chain(after_so).any(opens_clause) {
         f.set(Feature::ClauseDirective);
     }
-    if found.has(Set::Justified) {
+    if found.has(Set::Justified) || (sourced && found.has(Set::Report)) {
         f.set(Feature::Justified);
     }
     // "leave the vendor calls to me": kept by the writer, around its
@@ -1049,6 +1075,7 @@ fn describe(c: &Cut<'_>) -> Features {
     }
     if lx.is(verb_at, class::IMPERATIVE | class::TASK)
         && !neg
+        && !excepted
         && !c.question_mark
         && !maintaining
         && specific_object(w, lx, verb_at + 1)
@@ -1345,6 +1372,19 @@ fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
                 })
             })
     })
+}
+
+/// Whether the segment leaves a choice to the reader: a phrase of
+/// [`PERMISSIONS`], or "you can" / "you may" before a verb of acting at
+/// its start ("you can edit the tests", not "you can see the error").
+fn leaves_choice(w: &[Cow<'_, str>], lx: &Lexed, start: usize) -> bool {
+    lx.found.has(Set::Permission)
+        || (matches!(w.get(start).map(|x| x.as_ref()), Some("you" | "u"))
+            && matches!(w.get(start + 1).map(|x| x.as_ref()), Some("can" | "may"))
+            && lx.is(
+                start + 2,
+                class::IMPERATIVE | class::TASK | class::MAINTAINING,
+            ))
 }
 
 /// Whether a regular past tense tells what happened: an "-ed" word not

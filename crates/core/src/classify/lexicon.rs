@@ -1368,6 +1368,77 @@ pub(super) const NOT_A_NOUN_AFTER_THIS: &[&str] = &[
     "they", "the", "a", "an", "seems", "looks", "happens", "way", "said", "says",
 ];
 
+/// Phrases that leave a choice to the reader: "feel free to …", "…
+/// however you like", "I don't mind …". "You can" is read apart, before
+/// a verb of acting (`features::leaves_choice`).
+pub(super) const PERMISSIONS: &[&str] = &[
+    "feel free",
+    "free to",
+    "go ahead and",
+    "fine with",
+    "ok with",
+    "okay with",
+    "fine by me",
+    "happy for",
+    "don't mind",
+    "dont mind",
+    "do not mind",
+    "welcome to",
+    "however you",
+    "whatever you",
+    "whichever you",
+    "wherever you",
+    "anything you",
+    "any way you",
+    "as needed",
+    "as you see fit",
+    "as you like",
+    "as you wish",
+    "if you want",
+    "if you like",
+    "if it helps",
+    "up to you",
+    "your call",
+    "carte blanche",
+];
+
+/// What takes something back out of a choice left: "… but not the
+/// exports", "… except the entry point", "… as long as the tests pass".
+pub(super) const EXCEPTIONS: &[&str] = &[
+    "but not",
+    "just not",
+    "only not",
+    "though not",
+    "except",
+    "excepting",
+    "apart from",
+    "aside from",
+    "other than",
+    "as long as",
+    "so long as",
+    "provided that",
+    "providing that",
+];
+
+/// Words that say a thing is to stay as it is: "… but the schema
+/// stays", "the contract is frozen".
+pub(super) const INVARIANTS: &[&str] = &[
+    "stay",
+    "stays",
+    "remain",
+    "remains",
+    "untouched",
+    "unchanged",
+    "intact",
+    "frozen",
+    "untouchable",
+    "off limits",
+    "off-limits",
+    "as is",
+    "the same",
+    "alone",
+];
+
 pub(super) const REPORT_WORDS: &[&str] = &[
     "said",
     "says",
@@ -2121,6 +2192,9 @@ pub(super) enum Set {
     Quantifier,
     Justified,
     Reserved,
+    Permission,
+    Exception,
+    Invariant,
 }
 
 /// Which sets a segment's words touched.
@@ -2212,6 +2286,9 @@ pub(super) mod class {
 pub(super) struct Lexed {
     /// The sets touched.
     pub(super) found: Found,
+    /// The sets touched by a phrase that starts before the segment's
+    /// first comma or dash: its head clause.
+    pub(super) head: Found,
     /// Per word, the [`class`] bits.
     pub(super) classes: Vec<u32>,
 }
@@ -2308,6 +2385,9 @@ impl Matcher {
                 (Set::Quantifier, QUANTIFIERS),
                 (Set::Justified, JUSTIFICATIONS),
                 (Set::Reserved, RESERVATIONS),
+                (Set::Permission, PERMISSIONS),
+                (Set::Exception, EXCEPTIONS),
+                (Set::Invariant, INVARIANTS),
             ];
             let classes: &[(u32, &[&str])] = &[
                 (class::LEAD_FILLER, LEAD_FILLERS),
@@ -2365,8 +2445,11 @@ impl Matcher {
 
     /// The sets `words` touch, each phrase matched on consecutive words,
     /// and each word's classes.
-    pub(super) fn scan(&self, words: &[std::borrow::Cow<'_, str>]) -> Lexed {
+    /// Reads `words`; phrases that start before word `head_end` are the
+    /// head clause's too.
+    pub(super) fn scan(&self, words: &[std::borrow::Cow<'_, str>], head_end: usize) -> Lexed {
         let mut found = Found::default();
+        let mut head = Found::default();
         let mut classes = Vec::with_capacity(words.len());
         for (i, word) in words.iter().enumerate() {
             let Some(entry) = self.by_first.get(word.as_ref()) else {
@@ -2379,9 +2462,16 @@ impl Matcher {
                     && rest.iter().zip(&words[i + 1..]).all(|(a, b)| a == b);
                 if fits {
                     found.add(*set);
+                    if i < head_end {
+                        head.add(*set);
+                    }
                 }
             }
         }
-        Lexed { found, classes }
+        Lexed {
+            found,
+            head,
+            classes,
+        }
     }
 }

@@ -504,4 +504,58 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_rule_with_its_source_after_it_and_a_choice_with_an_exception_are_pinned() {
+        let tuning = ClassifierTuning::default();
+        // (text, the mark that pins it): a directive, then whom it comes
+        // from; a choice left, then limited.
+        for (text, mark) in [
+            (
+                "never merge your own pull requests, the security lead told us that",
+                "+justified",
+            ),
+            (
+                "don't upgrade the ORM, the platform team asked us not to",
+                "+justified",
+            ),
+            (
+                "no secrets in environment files, our auditor insisted",
+                "+justified",
+            ),
+            (
+                "feel free to rewrite the queries, just not the stored procedures",
+                "+restrict",
+            ),
+            (
+                "tidy up whatever you like except the vendored code",
+                "+restrict",
+            ),
+            (
+                "you can change the section order, but the headings stay",
+                "+restrict",
+            ),
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_eq!(a.verdict, Verdict::Standing, "{why}");
+            let marks = a.explanation.split_whitespace().collect::<Vec<_>>();
+            assert!(marks.contains(&mark), "{why}");
+            assert!(!marks.contains(&"-report"), "{why}");
+        }
+        // Someone else's rule reported, what can be seen, and a choice
+        // left with nothing taken back.
+        for text in [
+            "the platform team said we should never upgrade the ORM",
+            "my lead mentioned no secrets in env files, not sure it's still true",
+            "you can see the error in the console but not in the logs",
+            "feel free to ask questions",
+            "go ahead and merge it",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+            assert!(!a.explanation.contains("+justified"), "{why}");
+        }
+    }
 }
