@@ -757,7 +757,10 @@ fn describe(c: &Cut<'_>) -> Features {
         after.iter().take(LEAVE_REACH).any(|y| y == "alone")
     });
     let neg = found.has(Set::NegModal) || leave_alone;
-    let req = found.has(Set::ReqModal);
+    // "that should work now", "the build should be faster": "should"
+    // that expects. It demands nothing, unless another word does.
+    let expects = found.has(Set::Expectation);
+    let req = found.has(Set::ReqModal) && (!expects || demands_besides_should(w));
     let restrict = found.has(Set::Restrict);
     if neg {
         f.set(Feature::NegModal);
@@ -978,7 +981,7 @@ fn describe(c: &Cut<'_>) -> Features {
     if found.has(Set::Deictic) {
         f.set(Feature::Deictic);
     }
-    if found.has(Set::Epistemic) {
+    if found.has(Set::Epistemic) || expects {
         f.set(Feature::Epistemic);
     }
     if found.has(Set::Observed) {
@@ -1372,6 +1375,19 @@ fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
                 })
             })
     })
+}
+
+/// Whether a word or phrase other than "should" demands something: the
+/// words read again without it.
+fn demands_besides_should(w: &[Cow<'_, str>]) -> bool {
+    let without = w
+        .iter()
+        .map(|x| match x.as_ref() {
+            "should" => Cow::Borrowed(""),
+            _ => Cow::Borrowed(x.as_ref()),
+        })
+        .collect::<Vec<_>>();
+    Matcher::get().scan(&without, 0).found.has(Set::ReqModal)
 }
 
 /// Whether the segment leaves a choice to the reader: a phrase of

@@ -1549,6 +1549,47 @@ pub(super) const EPISTEMIC_PHRASES: &[&str] = &[
     "sort of",
 ];
 
+/// "Should" that expects rather than demands: "that should work now",
+/// "the build should be faster", "it should only take a minute".
+pub(super) const EXPECTATIONS: &[&str] = &[
+    "should now",
+    "should work now",
+    "should pass now",
+    "should be fine",
+    "should be good",
+    "should be ok",
+    "should be okay",
+    "should be ready",
+    "should be done",
+    "should be fixed",
+    "should be back",
+    "should be live",
+    "should be working",
+    "should be gone",
+    "should be resolved",
+    "should be sorted",
+    "should be faster",
+    "should be quicker",
+    "should be better",
+    "should be easier",
+    "should be smaller",
+    "should be cheaper",
+    "should be a lot",
+    "should be much",
+    "should be way",
+    "should do it",
+    "should do the trick",
+    "should help",
+    "should only take",
+    "should take about",
+    "should take around",
+    "should take a",
+    "should land",
+    "should arrive",
+    "should kick in",
+    "should show up",
+];
+
 pub(super) const EPISTEMIC_WORDS: &[&str] = &[
     "maybe",
     "probably",
@@ -2195,6 +2236,7 @@ pub(super) enum Set {
     Permission,
     Exception,
     Invariant,
+    Expectation,
 }
 
 /// Which sets a segment's words touched.
@@ -2388,6 +2430,7 @@ impl Matcher {
                 (Set::Permission, PERMISSIONS),
                 (Set::Exception, EXCEPTIONS),
                 (Set::Invariant, INVARIANTS),
+                (Set::Expectation, EXPECTATIONS),
             ];
             let classes: &[(u32, &[&str])] = &[
                 (class::LEAD_FILLER, LEAD_FILLERS),

@@ -558,4 +558,30 @@ mod tests {
             assert!(!a.explanation.contains("+justified"), "{why}");
         }
     }
+
+    #[test]
+    fn should_that_expects_demands_nothing() {
+        let tuning = ClassifierTuning::default();
+        for text in [
+            "that should be fine once the cache clears",
+            "the next build should be quicker",
+            "it should only take a second",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+            assert!(!a.explanation.contains("+req_modal"), "{why}");
+        }
+        // "Should" that demands, and an expectation beside a demand.
+        for text in [
+            "handlers should stay small and pure",
+            "the API should reject unknown fields",
+            "the build should be faster, and it must stay under ten minutes",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_eq!(a.verdict, Verdict::Standing, "{why}");
+            assert!(a.explanation.contains("+req_modal"), "{why}");
+        }
+    }
 }
