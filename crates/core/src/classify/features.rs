@@ -971,10 +971,15 @@ fn describe(c: &Cut<'_>) -> Features {
         && (found_past(word(third))
             || regular_past(word(third), lx, third)
             || (first == "i" && WRITER_STATES.contains(&word(third))));
+    // "it's essential that …" frames a demand; it tells nothing.
+    let frames_demand = matches!(first, "it's" | "its" | "it")
+        && (start + 1..(start + 4).min(w.len()))
+            .any(|i| DEMAND_FRAMES.contains(&w[i].as_ref()) && word(i + 1) == "that");
     if lx.is(start, class::STATEMENT_SUBJECT)
         && (!lx.is(start + 1, class::MODAL_AFTER_SUBJECT) || tells_past)
         && !(first == "you"
             || (first == "we" && matches!(second, "never" | "always" | "only") && !tells_past))
+        && !frames_demand
     {
         f.set(Feature::Statement);
     }

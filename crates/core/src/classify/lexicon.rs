@@ -167,6 +167,13 @@ pub(super) const NEG_MODAL_PHRASES: &[&str] = &[
     "not acceptable",
     "a no-go",
     "a no go",
+    "not to be",
+    "hard no",
+    "non-starter",
+    "nonstarter",
+    "non starter",
+    "not an option",
+    "out of the question",
     "not ever",
     "rather you didn't",
     "rather you did not",
@@ -215,6 +222,14 @@ pub(super) const REQ_MODAL_PHRASES: &[&str] = &[
     "go through me",
     "make sure",
     "be sure",
+    // "it's essential that …": a demand framed as what matters
+    // ([`DEMAND_FRAMES`]).
+    "important that",
+    "essential that",
+    "crucial that",
+    "critical that",
+    "vital that",
+    "imperative that",
     "need to",
     "needs to",
     "have to",
@@ -276,6 +291,16 @@ pub(super) const JUSTIFICATIONS: &[&str] = &[
     "compliance reasons",
     "legal reasons",
     "security reasons",
+];
+
+/// Words that frame a demand as what matters: "it's essential that …".
+pub(super) const DEMAND_FRAMES: &[&str] = &[
+    "important",
+    "essential",
+    "crucial",
+    "critical",
+    "vital",
+    "imperative",
 ];
 
 pub(super) const REQ_MODAL_WORDS: &[&str] = &[

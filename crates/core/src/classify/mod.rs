@@ -584,4 +584,35 @@ mod tests {
             assert!(a.explanation.contains("+req_modal"), "{why}");
         }
     }
+
+    #[test]
+    fn demands_and_bans_by_idiom_are_pinned() {
+        let tuning = ClassifierTuning::default();
+        for (text, mark) in [
+            ("it's important that the API stays stateless", "+req_modal"),
+            ("the audit log is not to be truncated", "+neg_modal"),
+            ("shipping without tests is a hard no", "+neg_modal"),
+            ("a rewrite in rust is out of the question", "+neg_modal"),
+            (
+                "dropping support for postgres 12 is not an option",
+                "+neg_modal",
+            ),
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_eq!(a.verdict, Verdict::Standing, "{why}");
+            assert!(a.explanation.contains(mark), "{why}");
+            // The frame tells nothing; the subject of a ban may.
+            let frame = text.starts_with("it's");
+            assert!(!(frame && a.explanation.contains("-statement")), "{why}");
+        }
+        for text in [
+            "the important thing is that the API works",
+            "is a rewrite out of the question?",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+        }
+    }
 }
