@@ -551,6 +551,7 @@ mod tests {
             "you can see the error in the console but not in the logs",
             "feel free to ask questions",
             "go ahead and merge it",
+            "the app builds fine with node 18 but not with node 20",
         ] {
             let a = assess(Role::User, text, &tuning);
             let why = format!("{text:?}: {}", a.explanation);
