@@ -1035,7 +1035,7 @@ fn describe(c: &Cut<'_>) -> Features {
     if found.has(Set::Past) || told_in_past(w, lx) {
         f.set(Feature::Past);
     }
-    if found.has(Set::ForeignDirective) {
+    if found.has(Set::ForeignDirective) || opens_foreign_prohibition(first, second) {
         f.set(Feature::ForeignDirective);
     }
     if found.has(Set::ForeignScope) {
@@ -1380,6 +1380,16 @@ fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
                 })
             })
     })
+}
+
+/// Whether a segment opens with a prohibition in French or Italian, which
+/// has no subject: "ne touche pas …", "n'ajoute …" (a statement opens with
+/// its subject: "ça ne marche pas"), or "non" before an infinitive ("non
+/// usare …", where "non funziona" tells).
+fn opens_foreign_prohibition(first: &str, second: &str) -> bool {
+    let infinitive = second.chars().count() >= 5
+        && (second.ends_with("are") || second.ends_with("ere") || second.ends_with("ire"));
+    first == "ne" || (first.starts_with("n'") && first.len() > 3) || (first == "non" && infinitive)
 }
 
 /// Whether a word or phrase other than "should" demands something: the

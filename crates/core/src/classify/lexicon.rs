@@ -1892,6 +1892,16 @@ pub(super) const FOREIGN_DIRECTIVES: &[&str] = &[
     "proibido",
     "usare",
     "usar",
+    // Dutch ("geen", like "keine", also tells: "er zijn geen fouten")
+    "nooit",
+    "altijd",
+    "alleen",
+    "uitsluitend",
+    "moet",
+    "moeten",
+    "verboden",
+    "vermijd",
+    "gebruik",
 ];
 
 pub(super) const FOREIGN_DIRECTIVE_PHRASES: &[&str] = &[

@@ -616,4 +616,27 @@ mod tests {
             assert_ne!(a.verdict, Verdict::Standing, "{why}");
         }
     }
+
+    #[test]
+    fn prohibitions_without_a_subject_in_french_and_italian_are_pinned() {
+        let tuning = ClassifierTuning::default();
+        for text in [
+            "ne pousse jamais sur main",
+            "n'utilise pas de variables globales",
+            "non usare variabili globali",
+            "gebruik nooit globale variabelen",
+        ] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_eq!(a.verdict, Verdict::Standing, "{why}");
+            assert!(a.explanation.contains("+foreign_directive"), "{why}");
+        }
+        // A statement opens with its subject, or "non" before a verb that
+        // tells.
+        for text in ["ça ne compile pas", "non compila più", "il build non parte"] {
+            let a = assess(Role::User, text, &tuning);
+            let why = format!("{text:?}: {}", a.explanation);
+            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+        }
+    }
 }
