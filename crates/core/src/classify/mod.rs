@@ -505,9 +505,20 @@ mod tests {
         }
     }
 
+    /// Assesses a user's `text` with the default tuning: pinned or not as
+    /// `pinned` says, its explanation carrying each of `with` and none of
+    /// `without`.
+    fn expect(text: &str, pinned: bool, with: &[&str], without: &[&str]) {
+        let a = assess(Role::User, text, &ClassifierTuning::default());
+        let why = format!("{text:?}: {}", a.explanation);
+        assert_eq!(a.verdict == Verdict::Standing, pinned, "{why}");
+        let marks = a.explanation.split_whitespace().collect::<Vec<_>>();
+        assert!(with.iter().all(|m| marks.contains(m)), "{why}");
+        assert!(!without.iter().any(|m| marks.contains(m)), "{why}");
+    }
+
     #[test]
     fn a_rule_with_its_source_after_it_and_a_choice_with_an_exception_are_pinned() {
-        let tuning = ClassifierTuning::default();
         // (text, the mark that pins it): a directive, then whom it comes
         // from; a choice left, then limited.
         for (text, mark) in [
@@ -536,12 +547,7 @@ mod tests {
                 "+restrict",
             ),
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_eq!(a.verdict, Verdict::Standing, "{why}");
-            let marks = a.explanation.split_whitespace().collect::<Vec<_>>();
-            assert!(marks.contains(&mark), "{why}");
-            assert!(!marks.contains(&"-report"), "{why}");
+            expect(text, true, &[mark], &["-report"]);
         }
         // Someone else's rule reported, what can be seen, and a choice
         // left with nothing taken back.
@@ -553,25 +559,18 @@ mod tests {
             "go ahead and merge it",
             "the app builds fine with node 18 but not with node 20",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_ne!(a.verdict, Verdict::Standing, "{why}");
-            assert!(!a.explanation.contains("+justified"), "{why}");
+            expect(text, false, &[], &["+justified"]);
         }
     }
 
     #[test]
     fn should_that_expects_demands_nothing() {
-        let tuning = ClassifierTuning::default();
         for text in [
             "that should be fine once the cache clears",
             "the next build should be quicker",
             "it should only take a second",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_ne!(a.verdict, Verdict::Standing, "{why}");
-            assert!(!a.explanation.contains("+req_modal"), "{why}");
+            expect(text, false, &[], &["+req_modal"]);
         }
         // "Should" that demands, and an expectation beside a demand.
         for text in [
@@ -579,64 +578,49 @@ mod tests {
             "the API should reject unknown fields",
             "the build should be faster, and it must stay under ten minutes",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_eq!(a.verdict, Verdict::Standing, "{why}");
-            assert!(a.explanation.contains("+req_modal"), "{why}");
+            expect(text, true, &["+req_modal"], &[]);
         }
     }
 
     #[test]
     fn demands_and_bans_by_idiom_are_pinned() {
-        let tuning = ClassifierTuning::default();
-        for (text, mark) in [
-            ("it's important that the API stays stateless", "+req_modal"),
-            ("the audit log is not to be truncated", "+neg_modal"),
-            ("shipping without tests is a hard no", "+neg_modal"),
-            ("a rewrite in rust is out of the question", "+neg_modal"),
-            (
-                "dropping support for postgres 12 is not an option",
-                "+neg_modal",
-            ),
+        // The frame tells nothing: no statement.
+        expect(
+            "it's important that the API stays stateless",
+            true,
+            &["+req_modal"],
+            &["-statement"],
+        );
+        for text in [
+            "the audit log is not to be truncated",
+            "shipping without tests is a hard no",
+            "a rewrite in rust is out of the question",
+            "dropping support for postgres 12 is not an option",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_eq!(a.verdict, Verdict::Standing, "{why}");
-            assert!(a.explanation.contains(mark), "{why}");
-            // The frame tells nothing; the subject of a ban may.
-            let frame = text.starts_with("it's");
-            assert!(!(frame && a.explanation.contains("-statement")), "{why}");
+            expect(text, true, &["+neg_modal"], &[]);
         }
         for text in [
             "the important thing is that the API works",
             "is a rewrite out of the question?",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+            expect(text, false, &[], &[]);
         }
     }
 
     #[test]
     fn prohibitions_without_a_subject_in_french_and_italian_are_pinned() {
-        let tuning = ClassifierTuning::default();
         for text in [
             "ne pousse jamais sur main",
             "n'utilise pas de variables globales",
             "non usare variabili globali",
             "gebruik nooit globale variabelen",
         ] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_eq!(a.verdict, Verdict::Standing, "{why}");
-            assert!(a.explanation.contains("+foreign_directive"), "{why}");
+            expect(text, true, &["+foreign_directive"], &[]);
         }
         // A statement opens with its subject, or "non" before a verb that
         // tells.
         for text in ["ça ne compile pas", "non compila più", "il build non parte"] {
-            let a = assess(Role::User, text, &tuning);
-            let why = format!("{text:?}: {}", a.explanation);
-            assert_ne!(a.verdict, Verdict::Standing, "{why}");
+            expect(text, false, &[], &[]);
         }
     }
 }
