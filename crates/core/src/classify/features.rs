@@ -757,8 +757,8 @@ fn describe(c: &Cut<'_>) -> Features {
         after.iter().take(LEAVE_REACH).any(|y| y == "alone")
     });
     let neg = found.has(Set::NegModal) || leave_alone;
-    // "that should work now", "the build should be faster": "should"
-    // that expects. It demands nothing, unless another word does.
+    // "that should be fixed now", "the next run should be quicker":
+    // "should" that expects. It demands nothing, unless another word does.
     let expects = found.has(Set::Expectation);
     let req = found.has(Set::ReqModal) && (!expects || demands_besides_should(w));
     let restrict = found.has(Set::Restrict);
@@ -768,8 +768,8 @@ fn describe(c: &Cut<'_>) -> Features {
     if req {
         f.set(Feature::ReqModal);
     }
-    // "feel free to refactor, but not the exports", "rename anything
-    // except the columns", "change whatever you need, the API is
+    // "feel free to restyle the page, but not the footer", "move anything
+    // except the fixtures", "edit whatever you need, the wire format is
     // frozen": a choice left, then limited. The limit restricts.
     let excepted = leaves_choice(w, lx, start)
         && (found.has(Set::Exception)
@@ -932,10 +932,10 @@ fn describe(c: &Cut<'_>) -> Features {
     {
         f.set(Feature::StepLocal);
     }
-    // "don't touch billing, the CTO said so": the writer's own directive,
-    // then whom it comes from. What follows the comma is the rule's
-    // source, a reason like "otherwise …", not a report of someone
-    // else's rule ("the CTO said never touch billing").
+    // "keep the logs terse, ops asked for that": the writer's own
+    // directive, then whom it comes from. What follows the comma is the
+    // rule's source, a reason like "otherwise …", not a report of someone
+    // else's rule ("ops said to keep the logs terse").
     let sourced = !c.quote
         && c.breaks.first().is_some_and(|&k| {
             k > start
@@ -1383,9 +1383,9 @@ fn attributed(w: &[Cow<'_, str>], lx: &Lexed) -> bool {
 }
 
 /// Whether a segment opens with a prohibition in French or Italian, which
-/// has no subject: "ne touche pas …", "n'ajoute …" (a statement opens with
-/// its subject: "ça ne marche pas"), or "non" before an infinitive ("non
-/// usare …", where "non funziona" tells).
+/// has no subject: "ne pousse pas …", "n'efface …" (a statement opens with
+/// its subject: "ça ne compile pas"), or "non" before an infinitive ("non
+/// cambiare …", where "non parte" tells).
 fn opens_foreign_prohibition(first: &str, second: &str) -> bool {
     let infinitive = second.chars().count() >= 5
         && (second.ends_with("are") || second.ends_with("ere") || second.ends_with("ire"));
@@ -1407,7 +1407,7 @@ fn demands_besides_should(w: &[Cow<'_, str>]) -> bool {
 
 /// Whether the segment leaves a choice to the reader: a phrase of
 /// [`PERMISSIONS`], or "you can" / "you may" before a verb of acting at
-/// its start ("you can edit the tests", not "you can see the error").
+/// its start ("you can reword the docs", not "you can see the log").
 fn leaves_choice(w: &[Cow<'_, str>], lx: &Lexed, start: usize) -> bool {
     lx.found.has(Set::Permission)
         || (matches!(w.get(start).map(|x| x.as_ref()), Some("you" | "u"))

@@ -1401,7 +1401,7 @@ pub(super) const PERMISSIONS: &[&str] = &[
     "you're free to",
     "you are free to",
     "go ahead and",
-    // With their subject: things also "work fine with npm".
+    // With their subject: things also "run fine with python 3".
     "i'm fine with",
     "im fine with",
     "i am fine with",
@@ -1435,7 +1435,7 @@ pub(super) const PERMISSIONS: &[&str] = &[
 ];
 
 /// What takes something back out of a choice left: "… but not the
-/// exports", "… except the entry point", "… as long as the tests pass".
+/// footer", "… except the lockfile", "… as long as it still builds".
 pub(super) const EXCEPTIONS: &[&str] = &[
     "but not",
     "just not",
@@ -1452,8 +1452,8 @@ pub(super) const EXCEPTIONS: &[&str] = &[
     "providing that",
 ];
 
-/// Words that say a thing is to stay as it is: "… but the schema
-/// stays", "the contract is frozen".
+/// Words that say a thing is to stay as it is: "… but the footer
+/// stays", "the wire format is frozen".
 pub(super) const INVARIANTS: &[&str] = &[
     "stay",
     "stays",
@@ -1581,8 +1581,9 @@ pub(super) const EPISTEMIC_PHRASES: &[&str] = &[
     "sort of",
 ];
 
-/// "Should" that expects rather than demands: "that should work now",
-/// "the build should be faster", "it should only take a minute".
+/// "Should" that expects rather than demands: "that should be fixed
+/// now", "the next run should be quicker", "it should only take a
+/// second".
 pub(super) const EXPECTATIONS: &[&str] = &[
     "should now",
     "should work now",
@@ -1892,7 +1893,7 @@ pub(super) const FOREIGN_DIRECTIVES: &[&str] = &[
     "proibido",
     "usare",
     "usar",
-    // Dutch ("geen", like "keine", also tells: "er zijn geen fouten")
+    // Dutch ("geen", like "keine", also tells: "er is geen tijd")
     "nooit",
     "altijd",
     "alleen",
