@@ -757,10 +757,8 @@ fn describe(c: &Cut<'_>) -> Features {
         after.iter().take(LEAVE_REACH).any(|y| y == "alone")
     });
     let neg = found.has(Set::NegModal) || leave_alone;
-    // "that should be fixed now", "the next run should be quicker":
-    // "should" that expects. It demands nothing, unless another word does.
     let expects = found.has(Set::Expectation);
-    let req = found.has(Set::ReqModal) && (!expects || demands_besides_should(w));
+    let req = demands(found);
     let restrict = found.has(Set::Restrict);
     if neg {
         f.set(Feature::NegModal);
@@ -771,7 +769,7 @@ fn describe(c: &Cut<'_>) -> Features {
     // "feel free to restyle the page, but not the footer", "move anything
     // except the fixtures", "edit whatever you need, the wire format is
     // frozen": a choice left, then limited. The limit restricts.
-    let excepted = leaves_choice(w, lx, start)
+    let excepted = leaves_choice(lx, start, first, second)
         && (found.has(Set::Exception)
             || (found.has(Set::Invariant)
                 && (!c.breaks.is_empty() || w.iter().any(|x| x == "but"))));
@@ -942,7 +940,7 @@ fn describe(c: &Cut<'_>) -> Features {
                 && (imperative
                     || ban_at(start)
                     || lx.head.has(Set::NegModal)
-                    || lx.head.has(Set::ReqModal)
+                    || demands(lx.head)
                     || lx.head.has(Set::Restrict))
                 && !lx.head.has(Set::Report)
                 && !lx.head.has(Set::Past)
@@ -972,9 +970,7 @@ fn describe(c: &Cut<'_>) -> Features {
             || regular_past(word(third), lx, third)
             || (first == "i" && WRITER_STATES.contains(&word(third))));
     // "it's essential that …" frames a demand; it tells nothing.
-    let frames_demand = matches!(first, "it's" | "its" | "it")
-        && (start + 1..(start + 4).min(w.len()))
-            .any(|i| DEMAND_FRAMES.contains(&w[i].as_ref()) && word(i + 1) == "that");
+    let frames_demand = matches!(first, "it's" | "its" | "it") && found.has(Set::DemandFrame);
     if lx.is(start, class::STATEMENT_SUBJECT)
         && (!lx.is(start + 1, class::MODAL_AFTER_SUBJECT) || tells_past)
         && !(first == "you"
@@ -1392,26 +1388,22 @@ fn opens_foreign_prohibition(first: &str, second: &str) -> bool {
     first == "ne" || (first.starts_with("n'") && first.len() > 3) || (first == "non" && infinitive)
 }
 
-/// Whether a word or phrase other than "should" demands something: the
-/// words read again without it.
-fn demands_besides_should(w: &[Cow<'_, str>]) -> bool {
-    let without = w
-        .iter()
-        .map(|x| match x.as_ref() {
-            "should" => Cow::Borrowed(""),
-            _ => Cow::Borrowed(x.as_ref()),
-        })
-        .collect::<Vec<_>>();
-    Matcher::get().scan(&without, 0).found.has(Set::ReqModal)
+/// Whether the words `found` demand something: a requirement modal, a
+/// demand framed as what matters, or "should" that does not expect ("that
+/// should be fixed now", "the next run should be quicker").
+fn demands(found: Found) -> bool {
+    found.has(Set::ReqModal)
+        || found.has(Set::DemandFrame)
+        || (found.has(Set::Should) && !found.has(Set::Expectation))
 }
 
 /// Whether the segment leaves a choice to the reader: a phrase of
 /// [`PERMISSIONS`], or "you can" / "you may" before a verb of acting at
 /// its start ("you can reword the docs", not "you can see the log").
-fn leaves_choice(w: &[Cow<'_, str>], lx: &Lexed, start: usize) -> bool {
+fn leaves_choice(lx: &Lexed, start: usize, first: &str, second: &str) -> bool {
     lx.found.has(Set::Permission)
-        || (matches!(w.get(start).map(|x| x.as_ref()), Some("you" | "u"))
-            && matches!(w.get(start + 1).map(|x| x.as_ref()), Some("can" | "may"))
+        || (matches!(first, "you" | "u")
+            && matches!(second, "can" | "may")
             && lx.is(
                 start + 2,
                 class::IMPERATIVE | class::TASK | class::MAINTAINING,

@@ -222,14 +222,6 @@ pub(super) const REQ_MODAL_PHRASES: &[&str] = &[
     "go through me",
     "make sure",
     "be sure",
-    // "it's essential that …": a demand framed as what matters
-    // ([`DEMAND_FRAMES`]).
-    "important that",
-    "essential that",
-    "crucial that",
-    "critical that",
-    "vital that",
-    "imperative that",
     "need to",
     "needs to",
     "have to",
@@ -293,21 +285,20 @@ pub(super) const JUSTIFICATIONS: &[&str] = &[
     "security reasons",
 ];
 
-/// Words that frame a demand as what matters: "it's essential that …".
+/// A demand framed as what matters: "it's essential that …".
 pub(super) const DEMAND_FRAMES: &[&str] = &[
-    "important",
-    "essential",
-    "crucial",
-    "critical",
-    "vital",
-    "imperative",
+    "important that",
+    "essential that",
+    "crucial that",
+    "critical that",
+    "vital that",
+    "imperative that",
 ];
 
 pub(super) const REQ_MODAL_WORDS: &[&str] = &[
     "must",
     "always",
     "ensure",
-    "should",
     "required",
     "require",
     "requires",
@@ -2280,6 +2271,10 @@ pub(super) enum Set {
     Exception,
     Invariant,
     Expectation,
+    /// "Should", which demands unless a phrase of [`Set::Expectation`]
+    /// says it expects.
+    Should,
+    DemandFrame,
 }
 
 /// Which sets a segment's words touched.
@@ -2474,6 +2469,8 @@ impl Matcher {
                 (Set::Exception, EXCEPTIONS),
                 (Set::Invariant, INVARIANTS),
                 (Set::Expectation, EXPECTATIONS),
+                (Set::Should, &["should"]),
+                (Set::DemandFrame, DEMAND_FRAMES),
             ];
             let classes: &[(u32, &[&str])] = &[
                 (class::LEAD_FILLER, LEAD_FILLERS),
